@@ -1,0 +1,79 @@
+"""Build script: compiles tokcy._core with Cython, or falls back to the pure-Python twin.
+
+Environment switches (read at build time):
+  TOKCY_NO_EXTENSIONS=1       do not compile; install the pure twin only.
+  TOKCY_REQUIRE_EXTENSIONS=1  any failure to cythonize or compile is fatal (CI sets it).
+  TOKCY_CYTHON_DEBUG=1        bounds checks, wraparound and initialized checks back on.
+Without either of the first two, a failure (no Cython, no compiler, a Cython error)
+prints a warning and the install goes on with the pure twin.
+"""
+
+import os
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+
+def _flag(name):
+    return os.environ.get(name, "") not in ("", "0")
+
+
+NO_EXTENSIONS = _flag("TOKCY_NO_EXTENSIONS")
+REQUIRE_EXTENSIONS = _flag("TOKCY_REQUIRE_EXTENSIONS")
+DEBUG = _flag("TOKCY_CYTHON_DEBUG")
+
+DIRECTIVES = {
+    "language_level": 3,
+    "boundscheck": DEBUG,
+    "wraparound": DEBUG,
+    "initializedcheck": DEBUG,
+    "cdivision": True,
+    "embedsignature": True,
+}
+
+
+def _warn(message):
+    print(f"WARNING: tokcy: {message}; installing the pure-Python backend only.", file=sys.stderr)
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that turns a compile failure into a warning unless extensions are required."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as error:  # no compiler, missing headers, ...
+            if REQUIRE_EXTENSIONS:
+                raise
+            _warn(f"building the extension failed ({error})")
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as error:
+            if REQUIRE_EXTENSIONS:
+                raise
+            _warn(f"compiling {ext.name} failed ({error})")
+
+
+def _extensions():
+    if NO_EXTENSIONS:
+        if REQUIRE_EXTENSIONS:
+            sys.exit("tokcy: TOKCY_NO_EXTENSIONS and TOKCY_REQUIRE_EXTENSIONS are both set")
+        return []
+    # Cython runs here, before build_ext, so its failures are caught here too.
+    try:
+        from Cython.Build import cythonize
+        from setuptools import Extension
+
+        extension = Extension("tokcy._core", ["tokcy/_core.pyx"], extra_compile_args=["-O3"] if os.name != "nt" else [])
+        return cythonize([extension], compiler_directives=DIRECTIVES, force=DEBUG)
+    except Exception as error:
+        if REQUIRE_EXTENSIONS:
+            raise
+        _warn(f"cythonizing failed ({error})")
+        return []
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

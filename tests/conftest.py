@@ -1,0 +1,46 @@
+"""The backend fixtures: every test runs once per backend, and its id names the backend.
+
+Public code looks the backend up through ``tokcy._backend.module`` at call time, so
+patching it here switches ``tokcy.executor`` and ``tokcy.connector`` too.
+"""
+
+import os
+
+import pytest
+
+import tokcy
+from tokcy import _backend, _pure
+
+BACKEND_NAMES = ("cython", "python")
+
+
+def compiled_backend():
+    """``tokcy._core`` if it is built; fails the run when TOKCY_REQUIRE_EXTENSIONS=1 and it is not."""
+    try:
+        from tokcy import _core
+    except ImportError as error:
+        if os.environ.get("TOKCY_REQUIRE_EXTENSIONS", "") not in ("", "0"):
+            pytest.fail(f"TOKCY_REQUIRE_EXTENSIONS=1 but tokcy._core does not import: {error}")
+        pytest.skip("tokcy._core is not built (install without TOKCY_NO_EXTENSIONS to test it)")
+    return _core
+
+
+def backend_module(name):
+    return compiled_backend() if name == "cython" else _pure
+
+
+@pytest.fixture(params=BACKEND_NAMES)
+def backend(request, monkeypatch):
+    """The backend module (``tokcy._core`` or ``tokcy._pure``), made the live one for the test."""
+    module = backend_module(request.param)
+    monkeypatch.setattr(_backend, "module", module)
+    monkeypatch.setattr(_backend, "BACKEND", request.param)
+    monkeypatch.setattr(tokcy, "Request", module.Request)
+    monkeypatch.setattr(tokcy, "BlockTable", module.BlockTable)
+    return module
+
+
+@pytest.fixture
+def both_backends():
+    """``(compiled, pure)`` for differential tests that run one program on each."""
+    return compiled_backend(), _pure

@@ -1,0 +1,24 @@
+"""The compiled core of tokcy: token buffer, Request, BlockTable and the two hot loops.
+
+The code lives in the ``_core_*.pxi`` files included below (one job each); they compile
+into this one extension module so the hot loops read the buffers' C fields directly.
+Compiler directives are set once, in setup.py. ``tokcy/_pure`` is the readable twin.
+"""
+
+cimport cython
+from libc.stdint cimport int32_t, int64_t
+from libc.string cimport memcpy
+
+import numpy as np
+
+from tokcy import _pickle, _repr, _tokens
+from tokcy._state import RequestState
+
+cdef int64_t INT32_MIN = -2147483648
+cdef int64_t INT32_MAX = 2147483647
+
+include "_core_buffer.pxi"
+include "_core_request.pxi"
+
+include "_core_prepare.pxi"
+include "_core_report.pxi"

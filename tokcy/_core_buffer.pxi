@@ -1,0 +1,116 @@
+# The growable int32 buffer behind every token list and block table (compiled core).
+# Same algorithm as tokcy/_pure/buffer.py, which documents the three counters:
+# size (live entries), shared_end (views may show storage[:shared_end]; writing below it
+# copies first) and dirty_from (lowest position written or dropped since the connector
+# last read the buffer).
+
+cdef Py_ssize_t MIN_CAPACITY = 16
+
+
+cdef inline Py_ssize_t grown_capacity(Py_ssize_t capacity, Py_ssize_t needed) noexcept nogil:
+    cdef Py_ssize_t grown = capacity + capacity // 4
+    if grown < needed:
+        grown = needed
+    if grown < MIN_CAPACITY:
+        grown = MIN_CAPACITY
+    return grown
+
+
+@cython.final
+cdef class Int32Buffer:
+    cdef object storage      # numpy int32 array that owns `data`; old ones live on in views
+    cdef int32_t* data
+    cdef Py_ssize_t size
+    cdef Py_ssize_t capacity
+    cdef Py_ssize_t shared_end
+    cdef Py_ssize_t dirty_from
+
+    def __cinit__(self, values=None):
+        if values is None:
+            self._adopt(np.empty(0, dtype=np.int32))
+        else:
+            # values: a validated 1-D int32 array; the buffer holds a copy.
+            self._adopt(np.array(values, dtype=np.int32, copy=True))
+            self.size = self.capacity
+
+    cdef int _adopt(self, object storage) except -1:
+        cdef int32_t[::1] memory = storage
+        self.storage = storage
+        self.capacity = memory.shape[0]
+        self.data = &memory[0] if self.capacity > 0 else NULL
+        self.shared_end = 0
+        return 0
+
+    cdef int make_writable(self, Py_ssize_t start, Py_ssize_t new_size) except -1:
+        """Make positions [start, new_size) writable without changing any view."""
+        cdef Py_ssize_t capacity = self.capacity
+        cdef object previous
+        cdef const int32_t* previous_data
+        if start < self.shared_end or new_size > capacity:
+            if new_size > capacity:
+                capacity = grown_capacity(capacity, new_size)
+            previous = self.storage  # keeps previous_data alive through the copy
+            previous_data = self.data
+            self._adopt(np.empty(capacity, dtype=np.int32))
+            if self.size:
+                memcpy(self.data, previous_data, self.size * sizeof(int32_t))
+        if start < self.dirty_from:
+            self.dirty_from = start
+        return 0
+
+    cdef inline int append(self, int32_t value) except -1:
+        if self.size >= self.capacity or self.size < self.shared_end:
+            self.make_writable(self.size, self.size + 1)
+        self.data[self.size] = value
+        self.size += 1
+        return 0
+
+    cdef int extend(self, const int32_t* values, Py_ssize_t count) except -1:
+        self.make_writable(self.size, self.size + count)
+        if count:
+            memcpy(self.data + self.size, values, count * sizeof(int32_t))
+        self.size += count
+        return 0
+
+    cdef int extend_array(self, object values) except -1:
+        """Append a validated int32 numpy array."""
+        cdef const int32_t[::1] memory = values
+        if memory.shape[0]:
+            self.extend(&memory[0], memory.shape[0])
+        return 0
+
+    cdef int set(self, Py_ssize_t position, int32_t value) except -1:
+        self.make_writable(position, self.size)
+        self.data[position] = value
+        return 0
+
+    cdef int fill(self, Py_ssize_t begin, Py_ssize_t end, int32_t value) except -1:
+        cdef Py_ssize_t position
+        if begin < end:
+            self.make_writable(begin, self.size)
+            for position in range(begin, end):
+                self.data[position] = value
+        return 0
+
+    cdef inline void truncate(self, Py_ssize_t size) noexcept:
+        self.size = size
+        if size < self.dirty_from:
+            self.dirty_from = size
+
+    cdef list tolist(self, Py_ssize_t begin, Py_ssize_t end):
+        return [self.data[position] for position in range(begin, end)]
+
+    cdef object view(self, Py_ssize_t begin, Py_ssize_t end):
+        """Read-only snapshot of [begin, end), zero-copy."""
+        if end > self.shared_end:
+            self.shared_end = end
+        snapshot = self.storage[begin:end]
+        snapshot.flags.writeable = False
+        return snapshot
+
+    cdef inline Py_ssize_t clamp_begin(self, Py_ssize_t begin) noexcept:
+        return 0 if begin < 0 else (self.size if begin > self.size else begin)
+
+    cdef inline Py_ssize_t clamp_end(self, Py_ssize_t begin, Py_ssize_t end) noexcept:
+        # begin is already clamped to [0, size]
+        return begin if end < begin else (self.size if end > self.size else end)

@@ -1,0 +1,534 @@
+# Request and BlockTable (compiled core). Same behaviour and errors as
+# tokcy/_pure/request.py, the readable reference: every argument is validated before
+# anything changes; error messages come from tokcy._tokens so both backends say the same.
+
+cdef int32_t NO_SLOT = -1
+cdef int64_t NO_LIMIT = -1
+
+
+cdef inline int32_t token_arg(object value, str name) except? -1:
+    """An int32 token id from a Python object; the shared Python check on the slow path."""
+    cdef long long number
+    if type(value) is int:
+        try:
+            number = value
+        except OverflowError:
+            number = INT32_MAX + 1  # falls through to the shared error below
+        if INT32_MIN <= number <= INT32_MAX:
+            return <int32_t>number
+    return <int32_t>_tokens.check_token(value, name)
+
+
+cdef inline int check_beam(Py_ssize_t beam, Py_ssize_t beam_width) except -1:
+    if beam < 0 or beam >= beam_width:
+        _tokens.check_beam(beam, beam_width)
+    return 0
+
+
+cdef object block_ids_array(object block_ids, str name):
+    ids = _tokens.as_int32_array(block_ids, name)
+    if ids.size and ids.min() < 0:
+        raise ValueError(f"{name}: block id {int(ids[ids < 0][0])} is negative")
+    return ids
+
+
+cdef inline int32_t block_id_arg(object block_id, str name) except? -2:
+    cdef int32_t value = token_arg(block_id, name)
+    if value < 0:
+        raise ValueError(f"{name}: block id {value} is negative")
+    return value
+
+
+cdef class BlockTable:
+    """Growable int32 list of the KV-cache block ids assigned to one request (one layer group).
+
+    ``release_front(k)`` marks the first ``k`` entries -1, as a sliding window frees them.
+    """
+
+    cdef Int32Buffer _buffer
+    cdef Py_ssize_t _num_released
+
+    def __cinit__(self, *args, **kwargs):
+        self._buffer = Int32Buffer()
+        self._num_released = 0
+
+    def __init__(self, block_ids=()):
+        self._buffer = Int32Buffer(block_ids_array(block_ids, "block_ids"))
+
+    def _restore(self, block_ids, Py_ssize_t num_released):
+        self._buffer = Int32Buffer(np.asarray(block_ids, dtype=np.int32))
+        self._num_released = num_released
+
+    def __reduce__(self):
+        cls = None if type(self) is BlockTable else type(self)
+        return (_pickle.restore_block_table, (cls, self.tolist(), self._num_released))
+
+    def __repr__(self):
+        return _repr.block_table_repr(type(self).__name__, self.tolist(), self._num_released)
+
+    def __len__(self):
+        return self._buffer.size
+
+    cdef Py_ssize_t _position(self, Py_ssize_t index) except -1:
+        cdef Py_ssize_t position = index + self._buffer.size if index < 0 else index
+        if position < 0 or position >= self._buffer.size:
+            raise IndexError(f"block table index {index} is out of range for {self._buffer.size} blocks")
+        return position
+
+    def __getitem__(self, Py_ssize_t index):
+        return self._buffer.data[self._position(index)]
+
+    def __setitem__(self, Py_ssize_t index, block_id):
+        cdef Py_ssize_t position = self._position(index)
+        cdef int32_t value = block_id_arg(block_id, "block_id")
+        if position < self._num_released:
+            raise ValueError(f"block {position} was released by the sliding window and cannot be set")
+        self._buffer.set(position, value)
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __eq__(self, other):
+        if isinstance(other, BlockTable):
+            return self._num_released == (<BlockTable>other)._num_released and self.tolist() == other.tolist()
+        if isinstance(other, list):
+            return self.tolist() == other
+        return NotImplemented
+
+    __hash__ = None
+
+    def append(self, block_id):
+        """Add one block id at the end; returns the new length."""
+        self._buffer.append(block_id_arg(block_id, "block_id"))
+        return self._buffer.size
+
+    def extend(self, block_ids):
+        """Add block ids at the end; returns the new length."""
+        self._buffer.extend_array(block_ids_array(block_ids, "block_ids"))
+        return self._buffer.size
+
+    def truncate(self, Py_ssize_t num_blocks):
+        """Keep only the first ``num_blocks`` entries (blocks freed from the tail)."""
+        if num_blocks < 0 or num_blocks > self._buffer.size:
+            raise ValueError(f"num_blocks {num_blocks} is outside [0, {self._buffer.size}]")
+        self._buffer.truncate(num_blocks)
+        if num_blocks < self._num_released:
+            self._num_released = num_blocks
+
+    def release_front(self, Py_ssize_t num_released):
+        """Mark the first ``num_released`` entries -1; the count may grow, never shrink."""
+        if num_released < self._num_released:
+            raise ValueError(
+                f"num_released {num_released} is below the {self._num_released} blocks already released"
+            )
+        if num_released > self._buffer.size:
+            raise ValueError(f"num_released {num_released} exceeds the {self._buffer.size} blocks in the table")
+        self._buffer.fill(self._num_released, num_released, -1)
+        self._num_released = num_released
+
+    @property
+    def num_released(self):
+        """How many leading entries a sliding window has released (they read -1)."""
+        return self._num_released
+
+    def tolist(self):
+        """The block ids as a new list."""
+        return self._buffer.tolist(0, self._buffer.size)
+
+    def view(self):
+        """A read-only zero-copy numpy snapshot of the block ids."""
+        return self._buffer.view(0, self._buffer.size)
+
+
+cdef class Request:
+    """One request: per-beam int32 token buffers (prompt, then generated tokens), the
+    chunked-prefill cursor, draft tokens and one ``BlockTable`` per layer group."""
+
+    cdef int64_t _request_id
+    cdef list _beams                 # Int32Buffer per beam
+    cdef Int32Buffer _beam0          # _beams[0], for the hot loops
+    cdef Py_ssize_t _beam_width
+    cdef Py_ssize_t _prompt_len
+    cdef Py_ssize_t _orig_prompt_len
+    cdef int64_t _max_new_tokens     # NO_LIMIT for None
+    cdef object _state               # RequestState member
+    cdef int _state_code             # int(_state), readable without the GIL
+    cdef int64_t _seq_slot           # NO_SLOT for None
+    cdef Py_ssize_t _context_position
+    cdef Py_ssize_t _chunk_size
+    cdef Int32Buffer _draft_tokens
+    cdef tuple _block_tables
+    cdef Py_ssize_t _num_pauses      # bumped by pause(): the connector then reports anew
+
+    def __cinit__(self, *args, **kwargs):
+        self._beams = []
+        self._beam_width = 0
+        self._state = RequestState.CONTEXT_INIT
+        self._state_code = 0
+        self._seq_slot = NO_SLOT
+        self._max_new_tokens = NO_LIMIT
+        self._draft_tokens = Int32Buffer()
+        self._block_tables = ()
+
+    def __init__(self, request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1):
+        request_id = _tokens.as_index(request_id, "request_id")
+        tokens = _tokens.as_int32_array(prompt, "prompt")
+        beam_width = _tokens.as_index(beam_width, "beam_width")
+        if beam_width < 1:
+            raise ValueError(f"beam_width must be >= 1, got {beam_width}")
+        if max_new_tokens is not None:
+            max_new_tokens = _tokens.as_index(max_new_tokens, "max_new_tokens")
+            if max_new_tokens < 0:
+                raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        num_layer_groups = _tokens.as_index(num_layer_groups, "num_layer_groups")
+        if num_layer_groups < 1:
+            raise ValueError(f"num_layer_groups must be >= 1, got {num_layer_groups}")
+        self._request_id = request_id
+        self._beams = [Int32Buffer(tokens) for _ in range(beam_width)]
+        self._beam0 = self._beams[0]
+        self._beam_width = beam_width
+        self._prompt_len = self._orig_prompt_len = len(tokens)
+        self._max_new_tokens = NO_LIMIT if max_new_tokens is None else max_new_tokens
+        self._context_position = 0
+        self._chunk_size = len(tokens)
+        self._block_tables = tuple(BlockTable() for _ in range(num_layer_groups))
+        self._num_pauses = 0
+
+    # ----------------------------------------------------------------- pickling, repr
+    def _state_dict(self):
+        cdef Int32Buffer buffer
+        return {
+            "request_id": self._request_id,
+            "beams": [buffer.tolist(0, buffer.size) for buffer in self._beams],
+            "dirty_from": [buffer.dirty_from for buffer in self._beams],
+            "prompt_len": self._prompt_len,
+            "orig_prompt_len": self._orig_prompt_len,
+            "max_new_tokens": self.max_new_tokens,
+            "state": self._state_code,
+            "seq_slot": self.seq_slot,
+            "context_current_position": self._context_position,
+            "context_chunk_size": self._chunk_size,
+            "draft_tokens": self.draft_tokens,
+            "block_tables": [table.__reduce__()[1][1:] for table in self._block_tables],
+            "num_pauses": self._num_pauses,
+            "dict": getattr(self, "__dict__", None) or None,
+        }
+
+    @classmethod
+    def _from_state(cls, state):
+        cdef Request self = cls.__new__(cls)
+        cdef Int32Buffer buffer
+        for tokens, dirty_from in zip(state["beams"], state["dirty_from"]):
+            buffer = Int32Buffer(np.asarray(tokens, dtype=np.int32))
+            buffer.dirty_from = dirty_from
+            self._beams.append(buffer)
+        self._beam0 = self._beams[0]
+        self._beam_width = len(self._beams)
+        self._request_id = state["request_id"]
+        self._prompt_len = state["prompt_len"]
+        self._orig_prompt_len = state["orig_prompt_len"]
+        self._max_new_tokens = NO_LIMIT if state["max_new_tokens"] is None else state["max_new_tokens"]
+        self.state = state["state"]
+        self.seq_slot = state["seq_slot"]
+        self._context_position = state["context_current_position"]
+        self._chunk_size = state["context_chunk_size"]
+        self._draft_tokens = Int32Buffer(np.asarray(state["draft_tokens"], dtype=np.int32))
+        self._block_tables = tuple(_pickle.restore_block_table(None, *table) for table in state["block_tables"])
+        self._num_pauses = state["num_pauses"]
+        if state["dict"]:
+            self.__dict__.update(state["dict"])
+        return self
+
+    def __reduce__(self):
+        cls = None if type(self) is Request else type(self)
+        return (_pickle.restore_request, (cls, self._state_dict()))
+
+    def __repr__(self):
+        return _repr.request_repr(type(self).__name__, self)
+
+    # ------------------------------------------------------------------ plain fields
+    @property
+    def request_id(self):
+        return self._request_id
+
+    @property
+    def beam_width(self):
+        return self._beam_width
+
+    @property
+    def max_new_tokens(self):
+        """The generation budget, or None for no limit; ``pause`` subtracts what became prompt."""
+        return None if self._max_new_tokens == NO_LIMIT else self._max_new_tokens
+
+    @property
+    def prompt_len(self):
+        """Tokens treated as prompt: the original prompt, plus what ``pause`` folded into it."""
+        return self._prompt_len
+
+    @property
+    def orig_prompt_len(self):
+        return self._orig_prompt_len
+
+    @property
+    def state(self):
+        return self._state
+
+    @state.setter
+    def state(self, value):
+        self._state = _as_state(value)
+        self._state_code = self._state
+
+    @property
+    def seq_slot(self):
+        """The engine's slot for this request (indexes the previous step's device tokens), or None."""
+        return None if self._seq_slot == NO_SLOT else self._seq_slot
+
+    @seq_slot.setter
+    def seq_slot(self, value):
+        if value is None:
+            self._seq_slot = NO_SLOT
+            return
+        value = _tokens.as_index(value, "seq_slot")
+        if value < 0:
+            raise ValueError(f"seq_slot must be >= 0 or None, got {value}")
+        if value > INT32_MAX:
+            raise OverflowError(f"seq_slot {value} does not fit in int32")
+        self._seq_slot = value
+
+    @property
+    def block_tables(self):
+        """One ``BlockTable`` per layer group (attention-window group)."""
+        return self._block_tables
+
+    # ------------------------------------------------------------------ token buffer
+    cdef inline Int32Buffer _beam(self, Py_ssize_t beam):
+        check_beam(beam, self._beam_width)
+        return <Int32Buffer>self._beams[beam]
+
+    def get_num_tokens(self, Py_ssize_t beam):
+        """Tokens in ``beam``: O(1)."""
+        return self._beam(beam).size
+
+    def get_tokens(self, beam=None):
+        """A new list of the beam's tokens (all beams for no argument): O(n), compatibility only."""
+        cdef Int32Buffer buffer
+        if beam is None:
+            return [buffer.tolist(0, buffer.size) for buffer in self._beams]
+        buffer = self._beam(beam)
+        return buffer.tolist(0, buffer.size)
+
+    def get_tokens_range(self, Py_ssize_t beam, Py_ssize_t begin, Py_ssize_t end):
+        """Tokens ``[b, e)`` with b = clamp(begin, 0, n), e = clamp(end, b, n): O(e - b).
+
+        Not Python slicing: a negative ``begin`` counts as 0 and ``begin >= end`` gives [].
+        """
+        cdef Int32Buffer buffer = self._beam(beam)
+        begin = buffer.clamp_begin(begin)
+        return buffer.tolist(begin, buffer.clamp_end(begin, end))
+
+    def get_tokens_view(self, Py_ssize_t beam=0, Py_ssize_t begin=0, end=None):
+        """A read-only zero-copy numpy snapshot of ``[begin, end)`` clamped as in ``get_tokens_range``.
+
+        The view never changes and never dangles: later writes that would touch what it
+        shows go to fresh storage instead.
+        """
+        cdef Int32Buffer buffer = self._beam(beam)
+        cdef Py_ssize_t stop = buffer.size if end is None else _tokens.as_index(end, "end")
+        begin = buffer.clamp_begin(begin)
+        return buffer.view(begin, buffer.clamp_end(begin, stop))
+
+    def get_token(self, Py_ssize_t beam, Py_ssize_t pos):
+        """One token; IndexError outside ``[0, n)``."""
+        cdef Int32Buffer buffer = self._beam(beam)
+        if pos < 0 or pos >= buffer.size:
+            raise IndexError(f"token position {pos} is out of range for {buffer.size} tokens")
+        return buffer.data[pos]
+
+    def get_last_tokens(self, beam=None):
+        """The last token of ``beam``, or a list of every beam's last token: O(1) / O(beams)."""
+        cdef Py_ssize_t index
+        if beam is None:
+            return [self._last(index) for index in range(self._beam_width)]
+        return self._last(beam)
+
+    cdef int32_t _last(self, Py_ssize_t beam) except? -1:
+        cdef Int32Buffer buffer = self._beam(beam)
+        if buffer.size == 0:
+            raise IndexError(f"beam {beam} has no tokens")
+        return buffer.data[buffer.size - 1]
+
+    cdef Py_ssize_t max_num_tokens(self) noexcept:
+        cdef Py_ssize_t longest = 0
+        cdef Int32Buffer buffer
+        for buffer in self._beams:
+            if buffer.size > longest:
+                longest = buffer.size
+        return longest
+
+    @property
+    def max_beam_num_tokens(self):
+        """Tokens in the longest beam."""
+        return self.max_num_tokens()
+
+    @property
+    def max_num_generated_tokens(self):
+        """Tokens in the longest beam minus the prompt."""
+        return self.max_num_tokens() - self._prompt_len
+
+    def add_new_token(self, token, Py_ssize_t beam=0):
+        """Append one token to ``beam``; returns the beam's new length. Amortised O(1)."""
+        cdef int32_t value = token_arg(token, "token")
+        cdef Int32Buffer buffer = self._beam(beam)
+        buffer.append(value)
+        return buffer.size
+
+    def add_new_tokens(self, per_beam):
+        """Append one token to every beam (``per_beam[b]`` to beam b); returns beam 0's new length.
+
+        All entries are checked before any beam changes.
+        """
+        cdef Py_ssize_t beam
+        cdef int32_t single
+        cdef Int32Buffer buffer
+        tokens = self._per_beam(per_beam)
+        if self._beam_width == 1:
+            single = token_arg(tokens[0], "per_beam[0]")
+            self._beam0.append(single)
+            return self._beam0.size
+        checked = [token_arg(tokens[beam], f"per_beam[{beam}]") for beam in range(self._beam_width)]
+        for beam in range(self._beam_width):
+            buffer = <Int32Buffer>self._beams[beam]
+            buffer.append(checked[beam])
+        return self._beam0.size
+
+    def set_generated_tokens(self, per_beam):
+        """Replace everything after the prompt: beam b becomes prompt + ``per_beam[b]``."""
+        cdef Int32Buffer buffer
+        cdef Py_ssize_t beam
+        arrays = [
+            _tokens.as_int32_array(tokens, f"per_beam[{beam}]") for beam, tokens in enumerate(self._per_beam(per_beam))
+        ]
+        for beam in range(self._beam_width):
+            buffer = <Int32Buffer>self._beams[beam]
+            buffer.truncate(self._prompt_len)
+            buffer.extend_array(arrays[beam])
+
+    cdef object _per_beam(self, object per_beam):
+        if isinstance(per_beam, (str, bytes)) or not hasattr(per_beam, "__len__"):
+            raise TypeError(f"per_beam must be a sequence with one entry per beam, not {type(per_beam).__name__}")
+        if isinstance(per_beam, np.ndarray) and per_beam.ndim != 1:
+            per_beam = list(per_beam)
+        if len(per_beam) != self._beam_width:
+            raise ValueError(f"per_beam has {len(per_beam)} entries but beam_width is {self._beam_width}")
+        return per_beam
+
+    def truncate(self, Py_ssize_t num_tokens, beam=None):
+        """Drop the tail so the beam (every beam for None) keeps ``num_tokens``: O(1).
+
+        Used to drop rejected draft tokens or to rewind; never below the prompt.
+        """
+        cdef Int32Buffer buffer
+        buffers = self._beams if beam is None else [self._beam(beam)]
+        if num_tokens < self._prompt_len:
+            raise ValueError(f"num_tokens {num_tokens} is below prompt_len {self._prompt_len}")
+        for buffer in buffers:
+            if num_tokens > buffer.size:
+                raise ValueError(f"num_tokens {num_tokens} exceeds the {buffer.size} tokens in the beam")
+        for buffer in buffers:
+            buffer.truncate(num_tokens)
+
+    # ---------------------------------------------------------------- chunked prefill
+    @property
+    def context_current_position(self):
+        """The chunked-prefill cursor: prompt tokens already computed."""
+        return self._context_position
+
+    @context_current_position.setter
+    def context_current_position(self, Py_ssize_t value):
+        if value < 0 or value > self._prompt_len:
+            raise ValueError(f"context_current_position {value} is outside [0, prompt_len={self._prompt_len}]")
+        self._context_position = value
+        self._chunk_size = min(self._chunk_size, self._prompt_len - value)
+
+    @property
+    def context_chunk_size(self):
+        """Prompt tokens in the next chunk; setting stores min(size, remaining)."""
+        return self._chunk_size
+
+    @context_chunk_size.setter
+    def context_chunk_size(self, Py_ssize_t value):
+        if value < 0:
+            raise ValueError(f"context_chunk_size must be >= 0, got {value}")
+        self._chunk_size = min(value, self._prompt_len - self._context_position)
+
+    @property
+    def context_remaining_length(self):
+        return self._prompt_len - self._context_position
+
+    @property
+    def is_first_context_chunk(self):
+        return self._context_position == 0
+
+    @property
+    def is_last_context_chunk(self):
+        return self._context_position + self._chunk_size == self._prompt_len
+
+    def move_to_next_context_chunk(self):
+        """Advance the cursor past the current chunk; the next chunk keeps its size, clamped."""
+        self._context_position += self._chunk_size
+        self._chunk_size = min(self._chunk_size, self._prompt_len - self._context_position)
+
+    # ----------------------------------------------------------- speculative decoding
+    @property
+    def draft_tokens(self):
+        """The draft tokens proposed for the next step, as a new list."""
+        return self._draft_tokens.tolist(0, self._draft_tokens.size)
+
+    @draft_tokens.setter
+    def draft_tokens(self, tokens):
+        self._draft_tokens = Int32Buffer(_tokens.as_int32_array(() if tokens is None else tokens, "draft_tokens"))
+
+    @property
+    def num_draft_tokens(self):
+        return self._draft_tokens.size
+
+    @property
+    def has_draft_tokens(self):
+        return self._draft_tokens.size > 0
+
+    # ---------------------------------------------------------------------- preemption
+    def pause(self, Py_ssize_t max_input_len):
+        """Preempt: generated tokens become prompt (up to ``max_input_len`` tokens), the
+        cursor goes back to 0, state to CONTEXT_INIT; drafts, slot and blocks are dropped.
+
+        With several beams the generated tokens are dropped instead (beam search restarts).
+        """
+        cdef Int32Buffer buffer
+        cdef Py_ssize_t new_prompt_len
+        cdef BlockTable table
+        if max_input_len < self._prompt_len:
+            raise ValueError(f"max_input_len {max_input_len} is below prompt_len {self._prompt_len}")
+        if self._beam_width == 1:
+            new_prompt_len = min(max_input_len, self._beam0.size)
+            if self._max_new_tokens != NO_LIMIT:
+                self._max_new_tokens = max(0, self._max_new_tokens - (new_prompt_len - self._prompt_len))
+            self._prompt_len = new_prompt_len
+        for buffer in self._beams:
+            buffer.truncate(self._prompt_len)
+        self._state = RequestState.CONTEXT_INIT
+        self._state_code = 0
+        self._context_position = 0
+        self._chunk_size = self._prompt_len
+        self._draft_tokens = Int32Buffer()
+        self._seq_slot = NO_SLOT
+        for table in self._block_tables:
+            table.truncate(0)
+        self._num_pauses += 1
+
+
+cdef object _as_state(object value):
+    number = _tokens.as_index(value, "state")
+    try:
+        return RequestState(number)
+    except ValueError:
+        raise ValueError(f"state must be a RequestState, got {value!r}") from None

@@ -1,0 +1,22 @@
+"""Backend-neutral pickle constructors.
+
+A pickled ``Request`` or ``BlockTable`` names these functions, never a backend's class,
+so a pickle made by one backend loads in the other. Python subclasses are pickled by
+their own class, which itself derives from whichever backend was live.
+"""
+
+
+def restore_request(cls, state):
+    """Rebuild a Request (or subclass ``cls``) from the plain state of ``__reduce__``."""
+    if cls is None:
+        from tokcy import Request as cls
+    return cls._from_state(state)
+
+
+def restore_block_table(cls, block_ids, num_released):
+    """Rebuild a BlockTable (or subclass ``cls``) from its ids and released count."""
+    if cls is None:
+        from tokcy import BlockTable as cls
+    table = cls.__new__(cls)
+    table._restore(block_ids, num_released)
+    return table

@@ -1,0 +1,93 @@
+"""The growable int32 buffer behind every token list and block table (pure-Python twin).
+
+Three counters make it what the hot loops need:
+
+* ``size`` of ``storage``: the first ``size`` entries are the live values; the array grows
+  by 1.25x, so appends are amortised O(1) and the spare capacity stays under 25 %.
+* ``shared_end``: read-only views handed out since ``storage`` was allocated may show
+  ``storage[:shared_end]``. A write below it would change what a view shows, so it first
+  moves the values into fresh storage (copy-on-write) and the views keep the old one.
+* ``dirty_from``: the lowest position written or dropped since the connector last read
+  the buffer, so a shrink followed by a regrowth between two reports is never missed.
+"""
+
+import numpy as np
+
+MIN_CAPACITY = 16
+
+
+def grown_capacity(capacity, needed):
+    """Capacity after growing to hold ``needed`` entries: 1.25x, at least MIN_CAPACITY."""
+    return max(needed, capacity + capacity // 4, MIN_CAPACITY)
+
+
+class Int32Buffer:
+    __slots__ = ("storage", "size", "shared_end", "dirty_from")
+
+    def __init__(self, values):
+        """``values``: a validated 1-D int32 array; the buffer holds a copy."""
+        self.storage = np.array(values, dtype=np.int32, copy=True)
+        self.size = len(values)
+        self.shared_end = 0
+        self.dirty_from = 0
+
+    def _make_writable(self, start, new_size):
+        """Make positions ``[start, new_size)`` writable without changing any view."""
+        capacity = len(self.storage)
+        if start < self.shared_end or new_size > capacity:
+            if new_size > capacity:
+                capacity = grown_capacity(capacity, new_size)
+            fresh = np.empty(capacity, dtype=np.int32)
+            fresh[: self.size] = self.storage[: self.size]
+            self.storage = fresh
+            self.shared_end = 0
+        if start < self.dirty_from:
+            self.dirty_from = start
+
+    def append(self, value):
+        self._make_writable(self.size, self.size + 1)
+        self.storage[self.size] = value
+        self.size += 1
+
+    def extend(self, values):
+        end = self.size + len(values)
+        self._make_writable(self.size, end)
+        self.storage[self.size : end] = values
+        self.size = end
+
+    def set(self, position, value):
+        self._make_writable(position, self.size)
+        self.storage[position] = value
+
+    def fill(self, begin, end, value):
+        if begin < end:
+            self._make_writable(begin, self.size)
+            self.storage[begin:end] = value
+
+    def truncate(self, size):
+        self.size = size
+        if size < self.dirty_from:
+            self.dirty_from = size
+
+    def get(self, position):
+        return int(self.storage[position])
+
+    def last(self):
+        return int(self.storage[self.size - 1])
+
+    def tolist(self, begin, end):
+        return self.storage[begin:end].tolist()
+
+    def view(self, begin, end):
+        """Read-only snapshot of ``[begin, end)``, zero-copy."""
+        if end > self.shared_end:
+            self.shared_end = end
+        snapshot = self.storage[begin:end]
+        snapshot.flags.writeable = False
+        return snapshot
+
+    def clamp(self, begin, end):
+        """The engine's clamping: b = clamp(begin, 0, n), e = clamp(end, b, n)."""
+        begin = min(max(begin, 0), self.size)
+        end = min(max(end, begin), self.size)
+        return begin, end

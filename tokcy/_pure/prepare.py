@@ -1,0 +1,3 @@
+"""Hot loop 1, input preparation, in plain Python/numpy (filled in by the executor work)."""
+
+__all__ = []

@@ -1,0 +1,486 @@
+"""``Request`` and ``BlockTable`` in plain Python/numpy: the readable reference of the semantics.
+
+The compiled ``tokcy._core`` implements exactly this, call for call and error for error.
+Every method validates all of its arguments before it changes anything, so a call that
+raises leaves the object as it was.
+"""
+
+import numpy as np
+
+from tokcy import _pickle, _repr
+from tokcy._pure.buffer import Int32Buffer
+from tokcy._state import RequestState
+from tokcy._tokens import INT32_MAX, as_index, as_int32_array, check_beam, check_token
+
+
+def _block_ids_array(block_ids, name):
+    ids = as_int32_array(block_ids, name)
+    if ids.size and ids.min() < 0:
+        raise ValueError(f"{name}: block id {int(ids[ids < 0][0])} is negative")
+    return ids
+
+
+def _check_block_id(block_id, name):
+    block_id = check_token(block_id, name)
+    if block_id < 0:
+        raise ValueError(f"{name}: block id {block_id} is negative")
+    return block_id
+
+
+class BlockTable:
+    """Growable int32 list of the KV-cache block ids assigned to one request (one layer group).
+
+    ``release_front(k)`` marks the first ``k`` entries -1, as a sliding window frees them.
+    """
+
+    __slots__ = ("_buffer", "_num_released")
+
+    def __init__(self, block_ids=()):
+        self._buffer = Int32Buffer(_block_ids_array(block_ids, "block_ids"))
+        self._num_released = 0
+
+    def _restore(self, block_ids, num_released):
+        self._buffer = Int32Buffer(np.asarray(block_ids, dtype=np.int32))
+        self._num_released = num_released
+
+    def __reduce__(self):
+        cls = None if type(self) is BlockTable else type(self)
+        return (_pickle.restore_block_table, (cls, self.tolist(), self._num_released))
+
+    def __repr__(self):
+        return _repr.block_table_repr(type(self).__name__, self.tolist(), self._num_released)
+
+    def __len__(self):
+        return self._buffer.size
+
+    def _position(self, index):
+        index = as_index(index, "block table index")
+        position = index + self._buffer.size if index < 0 else index
+        if not 0 <= position < self._buffer.size:
+            raise IndexError(f"block table index {index} is out of range for {self._buffer.size} blocks")
+        return position
+
+    def __getitem__(self, index):
+        return self._buffer.get(self._position(index))
+
+    def __setitem__(self, index, block_id):
+        position = self._position(index)
+        block_id = _check_block_id(block_id, "block_id")
+        if position < self._num_released:
+            raise ValueError(f"block {position} was released by the sliding window and cannot be set")
+        self._buffer.set(position, block_id)
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __eq__(self, other):
+        if isinstance(other, BlockTable):
+            return self._num_released == other._num_released and self.tolist() == other.tolist()
+        if isinstance(other, list):
+            return self.tolist() == other
+        return NotImplemented
+
+    __hash__ = None
+
+    def append(self, block_id):
+        """Add one block id at the end; returns the new length."""
+        self._buffer.append(_check_block_id(block_id, "block_id"))
+        return self._buffer.size
+
+    def extend(self, block_ids):
+        """Add block ids at the end; returns the new length."""
+        self._buffer.extend(_block_ids_array(block_ids, "block_ids"))
+        return self._buffer.size
+
+    def truncate(self, num_blocks):
+        """Keep only the first ``num_blocks`` entries (blocks freed from the tail)."""
+        num_blocks = as_index(num_blocks, "num_blocks")
+        if not 0 <= num_blocks <= self._buffer.size:
+            raise ValueError(f"num_blocks {num_blocks} is outside [0, {self._buffer.size}]")
+        self._buffer.truncate(num_blocks)
+        self._num_released = min(self._num_released, num_blocks)
+
+    def release_front(self, num_released):
+        """Mark the first ``num_released`` entries -1; the count may grow, never shrink."""
+        num_released = as_index(num_released, "num_released")
+        if num_released < self._num_released:
+            raise ValueError(
+                f"num_released {num_released} is below the {self._num_released} blocks already released"
+            )
+        if num_released > self._buffer.size:
+            raise ValueError(f"num_released {num_released} exceeds the {self._buffer.size} blocks in the table")
+        self._buffer.fill(self._num_released, num_released, -1)
+        self._num_released = num_released
+
+    @property
+    def num_released(self):
+        """How many leading entries a sliding window has released (they read -1)."""
+        return self._num_released
+
+    def tolist(self):
+        """The block ids as a new list."""
+        return self._buffer.tolist(0, self._buffer.size)
+
+    def view(self):
+        """A read-only zero-copy numpy snapshot of the block ids."""
+        return self._buffer.view(0, self._buffer.size)
+
+
+class Request:
+    """One request: per-beam int32 token buffers (prompt, then generated tokens), the
+    chunked-prefill cursor, draft tokens and one ``BlockTable`` per layer group."""
+
+    __slots__ = (
+        "_request_id",
+        "_beams",
+        "_prompt_len",
+        "_orig_prompt_len",
+        "_max_new_tokens",
+        "_state",
+        "_seq_slot",
+        "_context_position",
+        "_chunk_size",
+        "_draft_tokens",
+        "_block_tables",
+        "_num_pauses",
+    )
+
+    def __init__(self, request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1):
+        request_id = as_index(request_id, "request_id")
+        tokens = as_int32_array(prompt, "prompt")
+        beam_width = as_index(beam_width, "beam_width")
+        if beam_width < 1:
+            raise ValueError(f"beam_width must be >= 1, got {beam_width}")
+        if max_new_tokens is not None:
+            max_new_tokens = as_index(max_new_tokens, "max_new_tokens")
+            if max_new_tokens < 0:
+                raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        num_layer_groups = as_index(num_layer_groups, "num_layer_groups")
+        if num_layer_groups < 1:
+            raise ValueError(f"num_layer_groups must be >= 1, got {num_layer_groups}")
+        self._request_id = request_id
+        self._beams = [Int32Buffer(tokens) for _ in range(beam_width)]
+        self._prompt_len = self._orig_prompt_len = len(tokens)
+        self._max_new_tokens = max_new_tokens
+        self._state = RequestState.CONTEXT_INIT
+        self._seq_slot = None
+        self._context_position = 0
+        self._chunk_size = len(tokens)
+        self._draft_tokens = np.empty(0, dtype=np.int32)
+        self._block_tables = tuple(BlockTable() for _ in range(num_layer_groups))
+        self._num_pauses = 0
+
+    # ----------------------------------------------------------------- pickling, repr
+    def _state_dict(self):
+        return {
+            "request_id": self._request_id,
+            "beams": [beam.tolist(0, beam.size) for beam in self._beams],
+            "dirty_from": [beam.dirty_from for beam in self._beams],
+            "prompt_len": self._prompt_len,
+            "orig_prompt_len": self._orig_prompt_len,
+            "max_new_tokens": self._max_new_tokens,
+            "state": int(self._state),
+            "seq_slot": self._seq_slot,
+            "context_current_position": self._context_position,
+            "context_chunk_size": self._chunk_size,
+            "draft_tokens": self._draft_tokens.tolist(),
+            "block_tables": [table.__reduce__()[1][1:] for table in self._block_tables],
+            "num_pauses": self._num_pauses,
+            "dict": getattr(self, "__dict__", None) or None,
+        }
+
+    @classmethod
+    def _from_state(cls, state):
+        self = cls.__new__(cls)
+        self._request_id = state["request_id"]
+        self._beams = []
+        for tokens, dirty_from in zip(state["beams"], state["dirty_from"]):
+            beam = Int32Buffer(np.asarray(tokens, dtype=np.int32))
+            beam.dirty_from = dirty_from
+            self._beams.append(beam)
+        self._prompt_len = state["prompt_len"]
+        self._orig_prompt_len = state["orig_prompt_len"]
+        self._max_new_tokens = state["max_new_tokens"]
+        self._state = RequestState(state["state"])
+        self._seq_slot = state["seq_slot"]
+        self._context_position = state["context_current_position"]
+        self._chunk_size = state["context_chunk_size"]
+        self._draft_tokens = np.asarray(state["draft_tokens"], dtype=np.int32)
+        self._block_tables = tuple(_pickle.restore_block_table(None, *table) for table in state["block_tables"])
+        self._num_pauses = state["num_pauses"]
+        if state["dict"]:
+            self.__dict__.update(state["dict"])
+        return self
+
+    def __reduce__(self):
+        cls = None if type(self) is Request else type(self)
+        return (_pickle.restore_request, (cls, self._state_dict()))
+
+    def __repr__(self):
+        return _repr.request_repr(type(self).__name__, self)
+
+    # ------------------------------------------------------------------ plain fields
+    @property
+    def request_id(self):
+        return self._request_id
+
+    @property
+    def beam_width(self):
+        return len(self._beams)
+
+    @property
+    def max_new_tokens(self):
+        """The generation budget, or None for no limit; ``pause`` subtracts what became prompt."""
+        return self._max_new_tokens
+
+    @property
+    def prompt_len(self):
+        """Tokens treated as prompt: the original prompt, plus what ``pause`` folded into it."""
+        return self._prompt_len
+
+    @property
+    def orig_prompt_len(self):
+        return self._orig_prompt_len
+
+    @property
+    def state(self):
+        return self._state
+
+    @state.setter
+    def state(self, value):
+        self._state = _as_state(value)
+
+    @property
+    def seq_slot(self):
+        """The engine's slot for this request (indexes the previous step's device tokens), or None."""
+        return self._seq_slot
+
+    @seq_slot.setter
+    def seq_slot(self, value):
+        if value is not None:
+            value = as_index(value, "seq_slot")
+            if value < 0:
+                raise ValueError(f"seq_slot must be >= 0 or None, got {value}")
+            if value > INT32_MAX:
+                raise OverflowError(f"seq_slot {value} does not fit in int32")
+        self._seq_slot = value
+
+    @property
+    def block_tables(self):
+        """One ``BlockTable`` per layer group (attention-window group)."""
+        return self._block_tables
+
+    # ------------------------------------------------------------------ token buffer
+    def _beam(self, beam):
+        """The buffer of ``beam`` (already an index); IndexError outside the beams."""
+        check_beam(beam, len(self._beams))
+        return self._beams[beam]
+
+    def get_num_tokens(self, beam):
+        """Tokens in ``beam``: O(1)."""
+        return self._beam(as_index(beam)).size
+
+    def get_tokens(self, beam=None):
+        """A new list of the beam's tokens (all beams for no argument): O(n), compatibility only."""
+        if beam is None:
+            return [buffer.tolist(0, buffer.size) for buffer in self._beams]
+        buffer = self._beam(as_index(beam))
+        return buffer.tolist(0, buffer.size)
+
+    def get_tokens_range(self, beam, begin, end):
+        """Tokens ``[b, e)`` with b = clamp(begin, 0, n), e = clamp(end, b, n): O(e - b).
+
+        Not Python slicing: a negative ``begin`` counts as 0 and ``begin >= end`` gives [].
+        """
+        beam, begin, end = as_index(beam), as_index(begin), as_index(end)
+        buffer = self._beam(beam)
+        return buffer.tolist(*buffer.clamp(begin, end))
+
+    def get_tokens_view(self, beam=0, begin=0, end=None):
+        """A read-only zero-copy numpy snapshot of ``[begin, end)`` clamped as in ``get_tokens_range``.
+
+        The view never changes and never dangles: later writes that would touch what it
+        shows go to fresh storage instead.
+        """
+        beam, begin = as_index(beam), as_index(begin)
+        buffer = self._beam(beam)
+        end = buffer.size if end is None else as_index(end)
+        return buffer.view(*buffer.clamp(begin, end))
+
+    def get_token(self, beam, pos):
+        """One token; IndexError outside ``[0, n)``."""
+        beam, pos = as_index(beam), as_index(pos)
+        buffer = self._beam(beam)
+        if not 0 <= pos < buffer.size:
+            raise IndexError(f"token position {pos} is out of range for {buffer.size} tokens")
+        return buffer.get(pos)
+
+    def get_last_tokens(self, beam=None):
+        """The last token of ``beam``, or a list of every beam's last token: O(1) / O(beams)."""
+        if beam is None:
+            return [self._last(index, buffer) for index, buffer in enumerate(self._beams)]
+        beam = as_index(beam, "beam")
+        return self._last(beam, self._beam(beam))
+
+    @staticmethod
+    def _last(beam, buffer):
+        if buffer.size == 0:
+            raise IndexError(f"beam {beam} has no tokens")
+        return buffer.last()
+
+    @property
+    def max_beam_num_tokens(self):
+        """Tokens in the longest beam."""
+        return max(buffer.size for buffer in self._beams)
+
+    @property
+    def max_num_generated_tokens(self):
+        """Tokens in the longest beam minus the prompt."""
+        return self.max_beam_num_tokens - self._prompt_len
+
+    def add_new_token(self, token, beam=0):
+        """Append one token to ``beam``; returns the beam's new length. Amortised O(1)."""
+        beam = as_index(beam)
+        token = check_token(token, "token")
+        buffer = self._beam(beam)
+        buffer.append(token)
+        return buffer.size
+
+    def add_new_tokens(self, per_beam):
+        """Append one token to every beam (``per_beam[b]`` to beam b); returns beam 0's new length.
+
+        All entries are checked before any beam changes.
+        """
+        tokens = self._per_beam(per_beam)
+        checked = [check_token(token, f"per_beam[{beam}]") for beam, token in enumerate(tokens)]
+        for buffer, token in zip(self._beams, checked):
+            buffer.append(token)
+        return self._beams[0].size
+
+    def set_generated_tokens(self, per_beam):
+        """Replace everything after the prompt: beam b becomes prompt + ``per_beam[b]``."""
+        arrays = [
+            as_int32_array(tokens, f"per_beam[{beam}]") for beam, tokens in enumerate(self._per_beam(per_beam))
+        ]
+        for buffer, tokens in zip(self._beams, arrays):
+            buffer.truncate(self._prompt_len)
+            buffer.extend(tokens)
+
+    def _per_beam(self, per_beam):
+        if isinstance(per_beam, (str, bytes)) or not hasattr(per_beam, "__len__"):
+            raise TypeError(f"per_beam must be a sequence with one entry per beam, not {type(per_beam).__name__}")
+        if isinstance(per_beam, np.ndarray) and per_beam.ndim != 1:
+            per_beam = list(per_beam)
+        if len(per_beam) != len(self._beams):
+            raise ValueError(f"per_beam has {len(per_beam)} entries but beam_width is {len(self._beams)}")
+        return per_beam
+
+    def truncate(self, num_tokens, beam=None):
+        """Drop the tail so the beam (every beam for None) keeps ``num_tokens``: O(1).
+
+        Used to drop rejected draft tokens or to rewind; never below the prompt.
+        """
+        num_tokens = as_index(num_tokens, "num_tokens")
+        buffers = self._beams if beam is None else [self._beam(as_index(beam))]
+        if num_tokens < self._prompt_len:
+            raise ValueError(f"num_tokens {num_tokens} is below prompt_len {self._prompt_len}")
+        for buffer in buffers:
+            if num_tokens > buffer.size:
+                raise ValueError(f"num_tokens {num_tokens} exceeds the {buffer.size} tokens in the beam")
+        for buffer in buffers:
+            buffer.truncate(num_tokens)
+
+    # ---------------------------------------------------------------- chunked prefill
+    @property
+    def context_current_position(self):
+        """The chunked-prefill cursor: prompt tokens already computed."""
+        return self._context_position
+
+    @context_current_position.setter
+    def context_current_position(self, value):
+        value = as_index(value, "context_current_position")
+        if not 0 <= value <= self._prompt_len:
+            raise ValueError(f"context_current_position {value} is outside [0, prompt_len={self._prompt_len}]")
+        self._context_position = value
+        self._chunk_size = min(self._chunk_size, self._prompt_len - value)
+
+    @property
+    def context_chunk_size(self):
+        """Prompt tokens in the next chunk; setting stores min(size, remaining)."""
+        return self._chunk_size
+
+    @context_chunk_size.setter
+    def context_chunk_size(self, value):
+        value = as_index(value, "context_chunk_size")
+        if value < 0:
+            raise ValueError(f"context_chunk_size must be >= 0, got {value}")
+        self._chunk_size = min(value, self._prompt_len - self._context_position)
+
+    @property
+    def context_remaining_length(self):
+        return self._prompt_len - self._context_position
+
+    @property
+    def is_first_context_chunk(self):
+        return self._context_position == 0
+
+    @property
+    def is_last_context_chunk(self):
+        return self._context_position + self._chunk_size == self._prompt_len
+
+    def move_to_next_context_chunk(self):
+        """Advance the cursor past the current chunk; the next chunk keeps its size, clamped."""
+        self._context_position += self._chunk_size
+        self._chunk_size = min(self._chunk_size, self._prompt_len - self._context_position)
+
+    # ----------------------------------------------------------- speculative decoding
+    @property
+    def draft_tokens(self):
+        """The draft tokens proposed for the next step, as a new list."""
+        return self._draft_tokens.tolist()
+
+    @draft_tokens.setter
+    def draft_tokens(self, tokens):
+        self._draft_tokens = as_int32_array(() if tokens is None else tokens, "draft_tokens")
+
+    @property
+    def num_draft_tokens(self):
+        return len(self._draft_tokens)
+
+    @property
+    def has_draft_tokens(self):
+        return len(self._draft_tokens) > 0
+
+    # ---------------------------------------------------------------------- preemption
+    def pause(self, max_input_len):
+        """Preempt: generated tokens become prompt (up to ``max_input_len`` tokens), the
+        cursor goes back to 0, state to CONTEXT_INIT; drafts, slot and blocks are dropped.
+
+        With several beams the generated tokens are dropped instead (beam search restarts).
+        """
+        max_input_len = as_index(max_input_len, "max_input_len")
+        if max_input_len < self._prompt_len:
+            raise ValueError(f"max_input_len {max_input_len} is below prompt_len {self._prompt_len}")
+        if len(self._beams) == 1:
+            new_prompt_len = min(max_input_len, self._beams[0].size)
+            if self._max_new_tokens is not None:
+                self._max_new_tokens = max(0, self._max_new_tokens - (new_prompt_len - self._prompt_len))
+            self._prompt_len = new_prompt_len
+        for buffer in self._beams:
+            buffer.truncate(self._prompt_len)
+        self._state = RequestState.CONTEXT_INIT
+        self._context_position = 0
+        self._chunk_size = self._prompt_len
+        self._draft_tokens = np.empty(0, dtype=np.int32)
+        self._seq_slot = None
+        for table in self._block_tables:
+            table.truncate(0)
+        self._num_pauses += 1
+
+
+def _as_state(value):
+    number = as_index(value, "state")
+    try:
+        return RequestState(number)
+    except ValueError:
+        raise ValueError(f"state must be a RequestState, got {value!r}") from None

@@ -1,0 +1,83 @@
+"""Validation of token ids and indices at the Python boundary, shared by both backends.
+
+Both backends call these functions (the compiled one only on its slow path), so a bad
+argument raises the same exception with the same message whichever backend is live.
+"""
+
+import operator
+
+import numpy as np
+
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+
+
+SSIZE_MIN = -(2**63)
+SSIZE_MAX = 2**63 - 1
+
+
+def as_index(value, name=None):
+    """Return ``value`` as a Python int that fits a C ssize_t / int64, as the compiled
+    backend's typed arguments do (same exceptions, same messages)."""
+    number = operator.index(value)
+    if not SSIZE_MIN <= number <= SSIZE_MAX:
+        raise OverflowError("Python int too large to convert to C ssize_t")
+    return number
+
+
+def check_token(value, name):
+    """Return one token id as a Python int; TypeError / OverflowError if it is not an int32."""
+    if isinstance(value, (float, np.floating)) or value is None:
+        raise TypeError(f"{name} must be an integer token id, not {type(value).__name__}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer token id, not {type(value).__name__}") from None
+    if not INT32_MIN <= number <= INT32_MAX:
+        raise OverflowError(f"{name}: token id {number} does not fit in int32")
+    return number
+
+
+def as_int32_array(values, name):
+    """Return a new contiguous 1-D int32 array holding ``values``, validated.
+
+    Accepts any sequence of integers or a 1-D integer numpy array. Floats, None, bools
+    arrays, strings, 2-D input and ids outside int32 raise TypeError / ValueError /
+    OverflowError naming ``name``; nothing is ever silently wrapped.
+    """
+    if isinstance(values, (str, bytes, bytearray)) or not hasattr(values, "__len__"):
+        raise TypeError(f"{name} must be a sequence of integer token ids, not {type(values).__name__}")
+    if isinstance(values, np.ndarray):
+        array = values
+    elif len(values) == 0:
+        return np.empty(0, dtype=np.int32)
+    else:
+        try:
+            array = np.asarray(values)
+        except (ValueError, OverflowError):  # ragged input, or ints numpy cannot hold
+            array = np.asarray(values, dtype=object)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got {array.ndim} dimensions")
+    if array.dtype.kind in "iu":
+        if array.size and (array.min() < INT32_MIN or array.max() > INT32_MAX):
+            bad = array[(array < INT32_MIN) | (array > INT32_MAX)][0]
+            raise OverflowError(f"{name}: token id {int(bad)} does not fit in int32")
+        return np.array(array, dtype=np.int32, copy=True)
+    if isinstance(values, np.ndarray):
+        raise TypeError(f"{name} must hold integers, got an array of dtype {array.dtype}")
+    # A list holding something other than ints: find and name the first bad element.
+    for position, value in enumerate(values):
+        check_token(value, f"{name}[{position}]")
+    return np.array([int(v) for v in values], dtype=np.int32)
+
+
+def check_beam(beam, beam_width):
+    """IndexError unless ``0 <= beam < beam_width`` (beams are never indexed from the end)."""
+    if not 0 <= beam < beam_width:
+        raise IndexError(f"beam {beam} is out of range for beam_width {beam_width}")
+
+
+def raise_token_error(value, name):
+    """The compiled backend's slow path: raise exactly what ``check_token`` raises."""
+    check_token(value, name)
+    raise AssertionError(f"{name}: {value!r} was expected to be rejected")
