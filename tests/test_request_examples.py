@@ -1,0 +1,773 @@
+"""Exact small worked examples for every row of DESIGN.md's accessor table.
+
+Every expected value is written out by hand; nothing is computed by the code under test.
+Each test runs once per backend (fixture ``backend``).
+"""
+
+import pickle
+
+import numpy as np
+import pytest
+
+import tokcy
+from tokcy import RequestState
+
+PROMPT = [11, 12, 13]
+
+
+@pytest.fixture
+def req(backend):
+    """Request 7, prompt [11, 12, 13], two beams: beam 0 = [11,12,13,21,22], beam 1 = [11,12,13,31]."""
+    r = backend.Request(7, PROMPT, beam_width=2, max_new_tokens=10)
+    assert r.add_new_tokens([21, 31]) == 4
+    assert r.add_new_token(22, 0) == 5
+    return r
+
+
+# ----------------------------------------------------------------------- construction
+def test_constructor_defaults(backend):
+    r = backend.Request(5, [1, 2, 3, 4])
+    assert r.request_id == 5
+    assert r.beam_width == 1
+    assert r.max_new_tokens is None
+    assert r.prompt_len == 4
+    assert r.orig_prompt_len == 4
+    assert r.state is RequestState.CONTEXT_INIT
+    assert r.seq_slot is None
+    assert r.get_tokens() == [[1, 2, 3, 4]]
+    assert r.get_tokens(0) == [1, 2, 3, 4]
+    assert r.context_current_position == 0
+    assert r.context_chunk_size == 4
+    assert r.draft_tokens == []
+    assert r.num_draft_tokens == 0
+    assert r.has_draft_tokens is False
+    assert isinstance(r.block_tables, tuple)
+    assert len(r.block_tables) == 1
+    assert isinstance(r.block_tables[0], backend.BlockTable)
+    assert r.block_tables[0].tolist() == []
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        [1, 2, 3],
+        (1, 2, 3),
+        np.array([1, 2, 3], dtype=np.int32),
+        np.array([1, 2, 3], dtype=np.int64),
+        np.array([1, 2, 3], dtype=np.uint8),
+        np.array([1, 2, 3], dtype=np.int16),
+        [np.int64(1), np.int32(2), np.uint16(3)],
+        range(1, 4),
+    ],
+    ids=["list", "tuple", "int32", "int64", "uint8", "int16", "np-scalars", "range"],
+)
+def test_prompt_accepts_int_sequences_and_arrays(backend, prompt):
+    r = backend.Request(1, prompt)
+    assert r.get_tokens(0) == [1, 2, 3]
+    assert r.prompt_len == 3
+
+
+def test_prompt_is_copied(backend):
+    prompt = [1, 2, 3]
+    array = np.array([4, 5, 6], dtype=np.int32)
+    r1 = backend.Request(1, prompt)
+    r2 = backend.Request(2, array)
+    prompt[0] = 99
+    array[0] = 99
+    assert r1.get_tokens(0) == [1, 2, 3]
+    assert r2.get_tokens(0) == [4, 5, 6]
+
+
+def test_int32_limits_are_accepted(backend):
+    r = backend.Request(1, [-(2**31), 2**31 - 1])
+    assert r.get_tokens(0) == [-2147483648, 2147483647]
+    assert r.add_new_token(2**31 - 1) == 3
+    assert r.add_new_token(-(2**31)) == 4
+    assert r.get_tokens(0) == [-2147483648, 2147483647, 2147483647, -2147483648]
+    assert r.get_tokens_view().tolist() == [-2147483648, 2147483647, 2147483647, -2147483648]
+
+
+def test_beams_start_as_independent_copies_of_the_prompt(backend):
+    r = backend.Request(1, [5, 6], beam_width=3)
+    assert r.get_tokens() == [[5, 6], [5, 6], [5, 6]]
+    assert r.add_new_token(9, 1) == 3
+    assert r.get_tokens() == [[5, 6], [5, 6, 9], [5, 6]]
+
+
+# --------------------------------------------------------------------- get_num_tokens
+def test_get_num_tokens(req):
+    assert req.get_num_tokens(0) == 5
+    assert req.get_num_tokens(1) == 4
+
+
+def test_get_num_tokens_numpy_int_beam(req):
+    assert req.get_num_tokens(np.int64(1)) == 4
+
+
+# ------------------------------------------------------------------------- get_tokens
+def test_get_tokens_one_beam_and_all(req):
+    assert req.get_tokens(0) == [11, 12, 13, 21, 22]
+    assert req.get_tokens(1) == [11, 12, 13, 31]
+    assert req.get_tokens() == [[11, 12, 13, 21, 22], [11, 12, 13, 31]]
+
+
+def test_get_tokens_returns_new_plain_lists(req):
+    a = req.get_tokens(0)
+    assert type(a) is list
+    assert all(type(t) is int for t in a)
+    a.append(999)
+    a[0] = -5
+    assert req.get_tokens(0) == [11, 12, 13, 21, 22]
+    everything = req.get_tokens()
+    assert type(everything) is list and all(type(x) is list for x in everything)
+    everything[1].clear()
+    assert req.get_tokens(1) == [11, 12, 13, 31]
+
+
+# ------------------------------------------------------------------- get_tokens_range
+@pytest.mark.parametrize(
+    "begin, end, expected",
+    [
+        (0, 5, [11, 12, 13, 21, 22]),
+        (1, 3, [12, 13]),
+        (3, 5, [21, 22]),
+        (4, 5, [22]),
+        (-2, 2, [11, 12]),  # negative begin counts as 0, not Python slicing
+        (-100, 100, [11, 12, 13, 21, 22]),
+        (2, 100, [13, 21, 22]),  # end > n is clamped
+        (3, 3, []),  # begin == end
+        (4, 2, []),  # begin > end
+        (5, 9, []),  # begin == n
+        (7, 9, []),  # begin > n
+        (0, 0, []),
+        (0, -1, []),  # negative end is not Python slicing either
+        (-3, -1, []),
+        (2, -1, []),
+    ],
+)
+def test_get_tokens_range_clamping(req, begin, end, expected):
+    assert req.get_tokens_range(0, begin, end) == expected
+
+
+def test_get_tokens_range_other_beam(req):
+    assert req.get_tokens_range(1, 2, 10) == [13, 31]
+    assert req.get_tokens_range(1, 3, 4) == [31]
+
+
+def test_get_tokens_range_empty_prompt(backend):
+    r = backend.Request(1, [])
+    assert r.get_tokens_range(0, 0, 0) == []
+    assert r.get_tokens_range(0, -1, 5) == []
+    assert r.get_tokens_range(0, 3, 1) == []
+    r.add_new_token(4)
+    assert r.get_tokens_range(0, -1, 5) == [4]
+
+
+def test_get_tokens_range_big_positions_clamp(req):
+    assert req.get_tokens_range(0, -(2**40), 2**40) == [11, 12, 13, 21, 22]
+    assert req.get_tokens_range(0, 2**40, 2**41) == []
+
+
+# -------------------------------------------------------------------------- get_token
+def test_get_token(req):
+    assert req.get_token(0, 0) == 11
+    assert req.get_token(0, 4) == 22
+    assert req.get_token(1, 3) == 31
+    assert type(req.get_token(0, 2)) is int
+
+
+@pytest.mark.parametrize("beam, pos", [(0, 5), (0, -1), (1, 4), (1, -1), (0, 100), (0, -6)])
+def test_get_token_out_of_range(req, beam, pos):
+    with pytest.raises(IndexError):
+        req.get_token(beam, pos)
+
+
+def test_get_token_empty_prompt(backend):
+    r = backend.Request(1, [])
+    with pytest.raises(IndexError):
+        r.get_token(0, 0)
+
+
+# ------------------------------------------------------------------- get_last_tokens
+def test_get_last_tokens(req):
+    assert req.get_last_tokens(0) == 22
+    assert req.get_last_tokens(1) == 31
+    assert req.get_last_tokens() == [22, 31]
+    assert type(req.get_last_tokens(0)) is int
+
+
+def test_get_last_tokens_of_prompt_only(backend):
+    r = backend.Request(1, [3, 4, 5], beam_width=3)
+    assert r.get_last_tokens() == [5, 5, 5]
+    assert r.get_last_tokens(2) == 5
+
+
+def test_get_last_tokens_empty(backend):
+    r = backend.Request(1, [])
+    with pytest.raises(IndexError):
+        r.get_last_tokens(0)
+    with pytest.raises(IndexError):
+        r.get_last_tokens()
+
+
+# --------------------------------------------------------- max_beam / max_generated
+def test_max_counts(req):
+    assert req.max_beam_num_tokens == 5
+    assert req.max_num_generated_tokens == 2
+    req.add_new_token(32, 1)
+    req.add_new_token(33, 1)
+    assert req.max_beam_num_tokens == 6
+    assert req.max_num_generated_tokens == 3
+
+
+def test_max_counts_prompt_only(backend):
+    r = backend.Request(1, [1, 2], beam_width=2)
+    assert r.max_beam_num_tokens == 2
+    assert r.max_num_generated_tokens == 0
+    e = backend.Request(1, [])
+    assert e.max_beam_num_tokens == 0
+    assert e.max_num_generated_tokens == 0
+
+
+# --------------------------------------------------------- add_new_token(s)
+def test_add_new_token_returns_length(backend):
+    r = backend.Request(1, [1], beam_width=2)
+    assert r.add_new_token(2) == 2
+    assert r.add_new_token(3) == 3
+    assert r.add_new_token(4, 1) == 2
+    assert r.add_new_token(np.int64(5), beam=1) == 3
+    assert r.get_tokens() == [[1, 2, 3], [1, 4, 5]]
+
+
+def test_add_new_tokens_returns_beam0_length(backend):
+    r = backend.Request(1, [1], beam_width=3)
+    r.add_new_token(9, 0)
+    assert r.add_new_tokens([2, 3, 4]) == 3
+    assert r.add_new_tokens(np.array([5, 6, 7], dtype=np.int64)) == 4
+    assert r.add_new_tokens((8, 9, 10)) == 5
+    assert r.get_tokens() == [[1, 9, 2, 5, 8], [1, 3, 6, 9], [1, 4, 7, 10]]
+
+
+def test_add_many_tokens_grow(backend):
+    r = backend.Request(1, [0])
+    for i in range(1, 1001):
+        assert r.add_new_token(i) == i + 1
+    assert r.get_num_tokens(0) == 1001
+    assert r.get_tokens(0) == list(range(1001))
+    assert r.get_tokens_range(0, 995, 2000) == [995, 996, 997, 998, 999, 1000]
+
+
+# ------------------------------------------------------------ set_generated_tokens
+def test_set_generated_tokens(req):
+    req.set_generated_tokens([[41, 42, 43], []])
+    assert req.get_tokens() == [[11, 12, 13, 41, 42, 43], [11, 12, 13]]
+    req.set_generated_tokens([np.array([7], dtype=np.int32), (8, 9)])
+    assert req.get_tokens() == [[11, 12, 13, 7], [11, 12, 13, 8, 9]]
+    assert req.prompt_len == 3
+
+
+def test_set_generated_tokens_2d_array(backend):
+    r = backend.Request(1, [1], beam_width=2)
+    r.set_generated_tokens(np.array([[2, 3], [4, 5]]))
+    assert r.get_tokens() == [[1, 2, 3], [1, 4, 5]]
+
+
+# ------------------------------------------------------------------------ truncate
+def test_truncate_all_beams(req):
+    req.truncate(4)
+    assert req.get_tokens() == [[11, 12, 13, 21], [11, 12, 13, 31]]
+    req.truncate(3)
+    assert req.get_tokens() == [[11, 12, 13], [11, 12, 13]]
+
+
+def test_truncate_one_beam(req):
+    req.truncate(3, beam=0)
+    assert req.get_tokens() == [[11, 12, 13], [11, 12, 13, 31]]
+    req.truncate(4, 1)
+    assert req.get_tokens(1) == [11, 12, 13, 31]
+
+
+def test_truncate_then_append_rewrites(backend):
+    r = backend.Request(1, [1, 2])
+    r.add_new_token(3)
+    r.add_new_token(4)
+    r.truncate(3)
+    assert r.get_tokens(0) == [1, 2, 3]
+    assert r.add_new_token(8) == 4
+    assert r.get_tokens(0) == [1, 2, 3, 8]
+    assert r.get_last_tokens(0) == 8
+
+
+def test_truncate_at_current_length_is_a_no_op(req):
+    req.truncate(5, beam=0)
+    assert req.get_tokens(0) == [11, 12, 13, 21, 22]
+
+
+# ---------------------------------------------------------------------------- views
+def test_view_whole_beam(req):
+    v = req.get_tokens_view()
+    assert isinstance(v, np.ndarray)
+    assert v.dtype == np.int32
+    assert v.ndim == 1
+    assert v.tolist() == [11, 12, 13, 21, 22]
+    assert not v.flags.writeable
+    with pytest.raises(ValueError):
+        v[0] = 1
+
+
+@pytest.mark.xfail(
+    reason="DESIGN.md: a view never changes under its holder; both backends let the holder flip "
+    "flags.writeable back to True and then write into the request's live buffer",
+    strict=False,
+)
+def test_view_cannot_be_made_writable(req):
+    v = req.get_tokens_view()
+    with pytest.raises(ValueError):
+        v.flags.writeable = True
+    with pytest.raises(ValueError):
+        v[0] = 1
+    assert req.get_tokens(0) == [11, 12, 13, 21, 22]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ((1,), [11, 12, 13, 31]),
+        ((0, 3), [21, 22]),
+        ((0, 1, 3), [12, 13]),
+        ((0, -5, 2), [11, 12]),
+        ((0, 2, 100), [13, 21, 22]),
+        ((0, 4, 2), []),
+        ((0, 2, 2), []),
+        ((0, 9), []),
+        ((1, 3, None), [31]),
+    ],
+)
+def test_view_ranges(req, args, expected):
+    v = req.get_tokens_view(*args)
+    assert v.tolist() == expected
+    assert v.dtype == np.int32
+    assert not v.flags.writeable
+
+
+def test_view_keywords(req):
+    assert req.get_tokens_view(beam=1, begin=1, end=3).tolist() == [12, 13]
+
+
+def test_view_is_a_snapshot(backend):
+    r = backend.Request(1, [1, 2, 3])
+    r.add_new_token(4)
+    whole = r.get_tokens_view()
+    tail = r.get_tokens_view(0, 2)
+    r.truncate(3)
+    r.add_new_token(40)  # rewrites position 3 that both views can see
+    r.add_new_token(50)
+    assert whole.tolist() == [1, 2, 3, 4]
+    assert tail.tolist() == [3, 4]
+    assert r.get_tokens(0) == [1, 2, 3, 40, 50]
+    r.set_generated_tokens([[7]])
+    assert whole.tolist() == [1, 2, 3, 4]
+    assert r.get_tokens(0) == [1, 2, 3, 7]
+    r.pause(10)
+    r.add_new_token(60)
+    assert whole.tolist() == [1, 2, 3, 4]
+    assert r.get_tokens(0) == [1, 2, 3, 7, 60]
+
+
+def test_view_survives_growth_and_deletion(backend):
+    r = backend.Request(1, [1, 2])
+    v = r.get_tokens_view()
+    for i in range(500):
+        r.add_new_token(i)
+    assert v.tolist() == [1, 2]
+    del r
+    assert v.tolist() == [1, 2]
+
+
+def test_view_empty_prompt(backend):
+    r = backend.Request(1, [])
+    v = r.get_tokens_view()
+    assert v.tolist() == []
+    assert v.dtype == np.int32
+
+
+# ------------------------------------------------------------------ chunked prefill
+def test_chunked_prefill_walk(backend):
+    r = backend.Request(1, list(range(10)))
+    assert (r.context_current_position, r.context_chunk_size, r.context_remaining_length) == (0, 10, 10)
+    assert r.is_first_context_chunk is True
+    assert r.is_last_context_chunk is True
+    r.context_chunk_size = 4
+    assert r.context_chunk_size == 4
+    assert r.is_last_context_chunk is False
+    r.move_to_next_context_chunk()
+    assert (r.context_current_position, r.context_chunk_size, r.context_remaining_length) == (4, 4, 6)
+    assert r.is_first_context_chunk is False
+    assert r.is_last_context_chunk is False
+    r.move_to_next_context_chunk()
+    # remaining 2 < 4: the chunk is clamped
+    assert (r.context_current_position, r.context_chunk_size, r.context_remaining_length) == (8, 2, 2)
+    assert r.is_last_context_chunk is True
+    r.move_to_next_context_chunk()
+    assert (r.context_current_position, r.context_chunk_size, r.context_remaining_length) == (10, 0, 0)
+    assert r.is_last_context_chunk is True
+    r.move_to_next_context_chunk()
+    assert (r.context_current_position, r.context_chunk_size) == (10, 0)
+
+
+def test_chunk_setter_stores_min_of_size_and_remaining(backend):
+    r = backend.Request(1, list(range(10)))
+    r.context_chunk_size = 25
+    assert r.context_chunk_size == 10
+    r.context_chunk_size = 0
+    assert r.context_chunk_size == 0
+    assert r.is_last_context_chunk is False
+    r.context_current_position = 7
+    r.context_chunk_size = 5
+    assert r.context_chunk_size == 3
+
+
+def test_cursor_setter_clamps_chunk(backend):
+    r = backend.Request(1, list(range(10)))
+    r.context_chunk_size = 6
+    r.context_current_position = 8
+    assert r.context_chunk_size == 2
+    assert r.context_remaining_length == 2
+    r.context_current_position = 1  # chunk does not grow back
+    assert r.context_chunk_size == 2
+    r.context_current_position = 10
+    assert r.context_chunk_size == 0
+    assert r.is_last_context_chunk is True
+    r.context_current_position = 0
+    assert r.context_chunk_size == 0
+    assert r.is_first_context_chunk is True
+
+
+def test_chunked_prefill_empty_prompt(backend):
+    r = backend.Request(1, [])
+    assert (r.context_current_position, r.context_chunk_size, r.context_remaining_length) == (0, 0, 0)
+    assert r.is_first_context_chunk is True
+    assert r.is_last_context_chunk is True
+    r.move_to_next_context_chunk()
+    assert (r.context_current_position, r.context_chunk_size) == (0, 0)
+
+
+def test_generated_tokens_do_not_move_the_cursor(backend):
+    r = backend.Request(1, [1, 2, 3])
+    r.context_chunk_size = 2
+    r.add_new_token(4)
+    assert (r.context_current_position, r.context_chunk_size, r.context_remaining_length) == (0, 2, 3)
+
+
+# -------------------------------------------------------------------------- drafts
+def test_draft_tokens(backend):
+    r = backend.Request(1, [1])
+    r.draft_tokens = [5, 6, 7]
+    assert r.draft_tokens == [5, 6, 7]
+    assert r.num_draft_tokens == 3
+    assert r.has_draft_tokens is True
+    got = r.draft_tokens
+    got.append(8)
+    assert r.draft_tokens == [5, 6, 7]
+    source = np.array([9, 10], dtype=np.int64)
+    r.draft_tokens = source
+    source[0] = 0
+    assert r.draft_tokens == [9, 10]
+    assert r.num_draft_tokens == 2
+    r.draft_tokens = []
+    assert r.draft_tokens == []
+    assert r.num_draft_tokens == 0
+    assert r.has_draft_tokens is False
+    r.draft_tokens = (3,)
+    r.draft_tokens = None
+    assert r.draft_tokens == []
+    assert r.get_tokens(0) == [1]  # drafts are not tokens
+
+
+# --------------------------------------------------------------------------- pause
+def test_pause_single_beam_folds_generated_tokens_into_prompt(backend):
+    r = backend.Request(1, [1, 2, 3], max_new_tokens=10, num_layer_groups=2)
+    for t in (4, 5, 6, 7):
+        r.add_new_token(t)
+    r.state = RequestState.GENERATION_IN_PROGRESS
+    r.seq_slot = 3
+    r.draft_tokens = [8, 9]
+    r.context_chunk_size = 2
+    r.move_to_next_context_chunk()
+    r.block_tables[0].extend([1, 2, 3])
+    r.block_tables[1].extend([4])
+    r.block_tables[0].release_front(1)
+    r.pause(100)
+    assert r.prompt_len == 7
+    assert r.orig_prompt_len == 3
+    assert r.get_tokens() == [[1, 2, 3, 4, 5, 6, 7]]
+    assert r.max_new_tokens == 6
+    assert r.max_num_generated_tokens == 0
+    assert r.state is RequestState.CONTEXT_INIT
+    assert r.context_current_position == 0
+    assert r.context_chunk_size == 7
+    assert r.context_remaining_length == 7
+    assert r.draft_tokens == []
+    assert r.seq_slot is None
+    assert [t.tolist() for t in r.block_tables] == [[], []]
+    assert [t.num_released for t in r.block_tables] == [0, 0]
+
+
+def test_pause_limited_by_max_input_len(backend):
+    r = backend.Request(1, [1, 2, 3], max_new_tokens=10)
+    for t in (4, 5, 6, 7):
+        r.add_new_token(t)
+    r.pause(5)
+    assert r.prompt_len == 5
+    assert r.get_tokens(0) == [1, 2, 3, 4, 5]
+    assert r.max_new_tokens == 8
+    assert r.context_chunk_size == 5
+
+
+def test_pause_max_new_tokens_floor_and_none(backend):
+    r = backend.Request(1, [1], max_new_tokens=2)
+    for t in (2, 3, 4, 5):
+        r.add_new_token(t)
+    r.pause(5)
+    assert r.prompt_len == 5
+    assert r.max_new_tokens == 0
+    n = backend.Request(1, [1])
+    n.add_new_token(2)
+    n.pause(9)
+    assert n.max_new_tokens is None
+    assert n.prompt_len == 2
+
+
+def test_pause_twice(backend):
+    r = backend.Request(1, [1, 2], max_new_tokens=5)
+    r.add_new_token(3)
+    r.pause(3)
+    r.add_new_token(4)
+    r.add_new_token(5)
+    r.pause(4)
+    assert r.prompt_len == 4
+    assert r.orig_prompt_len == 2
+    assert r.get_tokens(0) == [1, 2, 3, 4]
+    assert r.max_new_tokens == 3
+
+
+def test_pause_at_prompt_len(backend):
+    r = backend.Request(1, [1, 2], max_new_tokens=5)
+    r.add_new_token(3)
+    r.pause(2)
+    assert r.prompt_len == 2
+    assert r.get_tokens(0) == [1, 2]
+    assert r.max_new_tokens == 5
+
+
+def test_pause_with_beams_drops_generated_tokens(backend):
+    r = backend.Request(1, [1, 2], beam_width=2, max_new_tokens=4)
+    r.add_new_tokens([3, 4])
+    r.add_new_token(5, 1)
+    r.pause(10)
+    assert r.prompt_len == 2
+    assert r.get_tokens() == [[1, 2], [1, 2]]
+    assert r.max_new_tokens == 4
+    assert r.context_chunk_size == 2
+    assert r.state is RequestState.CONTEXT_INIT
+
+
+# --------------------------------------------------------------------- state, slot
+def test_state_read_write(backend):
+    r = backend.Request(1, [1])
+    r.state = RequestState.GENERATION_IN_PROGRESS
+    assert r.state is RequestState.GENERATION_IN_PROGRESS
+    r.state = 2
+    assert r.state is RequestState.GENERATION_COMPLETE
+    assert isinstance(r.state, RequestState)
+    r.state = RequestState.CONTEXT_INIT
+    assert r.state is RequestState.CONTEXT_INIT
+
+
+def test_seq_slot_read_write(backend):
+    r = backend.Request(1, [1])
+    assert r.seq_slot is None
+    r.seq_slot = 0
+    assert r.seq_slot == 0
+    r.seq_slot = np.int64(12)
+    assert r.seq_slot == 12 and type(r.seq_slot) is int
+    r.seq_slot = None
+    assert r.seq_slot is None
+
+
+# ------------------------------------------------------------------- block tables
+@pytest.mark.parametrize("groups", [1, 2, 5])
+def test_block_tables_sized_by_num_layer_groups(backend, groups):
+    r = backend.Request(1, [1], num_layer_groups=groups)
+    assert len(r.block_tables) == groups
+    assert all(isinstance(t, backend.BlockTable) for t in r.block_tables)
+    assert all(t.tolist() == [] for t in r.block_tables)
+    r.block_tables[0].append(4)
+    assert r.block_tables[0].tolist() == [4]
+    assert all(t.tolist() == [] for t in r.block_tables[1:])
+    # the tuple holds the same tables every time
+    assert r.block_tables[0] is r.block_tables[0]
+
+
+def test_block_table_basics(backend):
+    t = backend.BlockTable()
+    assert len(t) == 0
+    assert t.tolist() == []
+    assert t.num_released == 0
+    assert t.append(5) == 1
+    assert t.append(np.int32(6)) == 2
+    assert t.extend([7, 8]) == 4
+    assert t.extend(np.array([9], dtype=np.int64)) == 5
+    assert t.extend([]) == 5
+    assert len(t) == 5
+    assert t.tolist() == [5, 6, 7, 8, 9]
+    assert list(t) == [5, 6, 7, 8, 9]
+    assert t[0] == 5 and t[4] == 9
+    assert t[-1] == 9 and t[-5] == 5
+    assert type(t[0]) is int
+    assert t == [5, 6, 7, 8, 9]
+    assert t == backend.BlockTable([5, 6, 7, 8, 9])
+    assert t != backend.BlockTable([5, 6, 7, 8])
+
+
+def test_block_table_constructor(backend):
+    t = backend.BlockTable([3, 4])
+    assert t.tolist() == [3, 4]
+    assert backend.BlockTable(np.array([0, 1, 2], dtype=np.uint16)).tolist() == [0, 1, 2]
+
+
+def test_block_table_setitem(backend):
+    t = backend.BlockTable([1, 2, 3])
+    t[1] = 20
+    t[-1] = 30
+    t[0] = 0
+    assert t.tolist() == [0, 20, 30]
+
+
+def test_block_table_truncate(backend):
+    t = backend.BlockTable([1, 2, 3, 4])
+    t.truncate(4)
+    assert t.tolist() == [1, 2, 3, 4]
+    t.truncate(2)
+    assert t.tolist() == [1, 2]
+    assert len(t) == 2
+    t.append(7)
+    assert t.tolist() == [1, 2, 7]
+    t.truncate(0)
+    assert t.tolist() == []
+
+
+def test_block_table_release_front(backend):
+    t = backend.BlockTable([1, 2, 3, 4, 5])
+    t.release_front(0)
+    assert t.tolist() == [1, 2, 3, 4, 5]
+    t.release_front(2)
+    assert t.tolist() == [-1, -1, 3, 4, 5]
+    assert t.num_released == 2
+    assert t[0] == -1 and t[-4] == -1
+    t.release_front(2)  # same count: nothing changes
+    assert t.tolist() == [-1, -1, 3, 4, 5]
+    t.release_front(4)
+    assert t.tolist() == [-1, -1, -1, -1, 5]
+    assert t.num_released == 4
+    t[4] = 50
+    t.append(6)
+    assert t.tolist() == [-1, -1, -1, -1, 50, 6]
+    t.release_front(6)
+    assert t.tolist() == [-1] * 6
+    assert t.num_released == 6
+
+
+def test_block_table_truncate_clamps_num_released(backend):
+    t = backend.BlockTable([1, 2, 3, 4, 5])
+    t.release_front(3)
+    t.truncate(2)
+    assert t.tolist() == [-1, -1]
+    assert t.num_released == 2
+    t.append(8)
+    t[2] = 9
+    assert t.tolist() == [-1, -1, 9]
+    t.release_front(2)
+    t.truncate(0)
+    assert t.num_released == 0
+    t.extend([1, 2])
+    t[0] = 4
+    assert t.tolist() == [4, 2]
+    t.release_front(1)
+    assert t.tolist() == [-1, 2]
+
+
+def test_block_table_view_is_a_read_only_snapshot(backend):
+    t = backend.BlockTable([1, 2, 3])
+    v = t.view()
+    assert isinstance(v, np.ndarray)
+    assert v.dtype == np.int32
+    assert v.tolist() == [1, 2, 3]
+    assert not v.flags.writeable
+    with pytest.raises(ValueError):
+        v[0] = 9
+    t[0] = 10
+    t.release_front(2)
+    t.truncate(1)
+    t.extend([7, 8, 9])
+    assert v.tolist() == [1, 2, 3]
+    assert t.tolist() == [-1, 7, 8, 9]
+    assert t.view().tolist() == [-1, 7, 8, 9]
+
+
+def test_block_table_pickle(backend):
+    t = backend.BlockTable([1, 2, 3])
+    t.release_front(1)
+    u = pickle.loads(pickle.dumps(t))
+    assert type(u) is backend.BlockTable
+    assert u.tolist() == [-1, 2, 3]
+    assert u.num_released == 1
+    with pytest.raises(ValueError):
+        u[0] = 5
+    with pytest.raises(ValueError):
+        u.release_front(0)
+
+
+def test_block_table_repr(backend):
+    assert repr(backend.BlockTable([1, 2])) == "BlockTable([1, 2], num_released=0)"
+
+
+# ------------------------------------------------------------------- pickle, repr
+def test_request_pickle_round_trip(backend):
+    r = backend.Request(9, [1, 2, 3], beam_width=2, max_new_tokens=7, num_layer_groups=2)
+    r.add_new_tokens([4, 5])
+    r.state = RequestState.GENERATION_IN_PROGRESS
+    r.seq_slot = 4
+    r.draft_tokens = [6, 7]
+    r.context_chunk_size = 2
+    r.move_to_next_context_chunk()
+    r.block_tables[1].extend([3, 4, 5])
+    r.block_tables[1].release_front(1)
+    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        s = pickle.loads(pickle.dumps(r, protocol=protocol))
+        assert type(s) is backend.Request
+        assert s.request_id == 9
+        assert s.get_tokens() == [[1, 2, 3, 4], [1, 2, 3, 5]]
+        assert s.prompt_len == 3 and s.orig_prompt_len == 3
+        assert s.max_new_tokens == 7
+        assert s.state is RequestState.GENERATION_IN_PROGRESS
+        assert s.seq_slot == 4
+        assert s.draft_tokens == [6, 7]
+        assert (s.context_current_position, s.context_chunk_size) == (2, 1)
+        assert [t.tolist() for t in s.block_tables] == [[], [-1, 4, 5]]
+        assert [t.num_released for t in s.block_tables] == [0, 1]
+        s.add_new_token(99)
+        assert r.get_tokens(0) == [1, 2, 3, 4]
+
+
+def test_request_repr(backend):
+    r = backend.Request(3, [1, 2, 3], beam_width=2)
+    r.add_new_token(4, 1)
+    assert repr(r) == (
+        "Request(request_id=3, state=CONTEXT_INIT, prompt_len=3, num_tokens=[3, 4], "
+        "context=0+3, draft_tokens=0, seq_slot=None)"
+    )
+
+
+def test_module_exposes_backend():
+    assert tokcy.BACKEND in ("cython", "python")
