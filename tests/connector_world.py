@@ -20,6 +20,9 @@ from tokcy import RequestState
 from tokcy.connector import SchedulerOutputManager
 
 
+UNCHANGED = 1 << 62
+
+
 class Mirror:
     """What a connector knows about one request, built only from reports."""
 
@@ -63,6 +66,10 @@ class World:
         self.max_live = self.rng.randint(1, 4)
         self.transcript = []
         self.tokens_reported = 0
+        # the test's own model of each buffer's low-water mark: the lowest position
+        # written or dropped since the request's last report
+        self.low_tokens = {}  # request id -> position
+        self.low_blocks = {}  # request id -> [position per group]
 
     # ------------------------------------------------------------------ helpers
     def token(self):
@@ -85,28 +92,53 @@ class World:
         self.allocate(request, request.context_chunk_size)
         self.live[request_id] = request
 
+    def touch_tokens(self, request, position):
+        low = self.low_tokens
+        low[request.request_id] = min(low.get(request.request_id, UNCHANGED), position)
+
+    def touch_blocks(self, request, group, position):
+        low = self.low_blocks.setdefault(request.request_id, [UNCHANGED] * len(request.block_tables))
+        low[group] = min(low[group], position)
+
+    def add_token(self, request):
+        self.touch_tokens(request, request.get_num_tokens(0))
+        request.add_new_token(self.token())
+
+    def truncate(self, request, num_tokens):
+        self.touch_tokens(request, num_tokens)
+        request.truncate(num_tokens)
+
+    def append_block(self, request, group):
+        table = request.block_tables[group]
+        self.touch_blocks(request, group, len(table))
+        table.append(self.block())
+
     def allocate(self, request, num_tokens):
         """Grow every table to cover ``num_tokens`` tokens."""
         needed = -(-num_tokens // self.block_size)
-        for table in request.block_tables:
+        for group, table in enumerate(request.block_tables):
             while len(table) < needed:
-                table.append(self.block())
+                self.append_block(request, group)
 
     def mutate_blocks(self, request):
         rng = self.rng
-        for table in request.block_tables:
+        for group, table in enumerate(request.block_tables):
             action = rng.random()
             if action < 0.15 and len(table):  # free from the tail, then re-allocate
                 size = len(table)
-                table.truncate(rng.randint(0, size))
+                kept = rng.randint(0, size)
+                self.touch_blocks(request, group, kept)
+                table.truncate(kept)
                 for _ in range(rng.randint(0, size - len(table) + 1)):
-                    table.append(self.block())
+                    self.append_block(request, group)
             elif action < 0.3 and len(table) > table.num_released:  # re-write one block in place
-                table[rng.randrange(table.num_released, len(table))] = self.block()
+                position = rng.randrange(table.num_released, len(table))
+                self.touch_blocks(request, group, position)
+                table[position] = self.block()
             elif action < 0.4 and len(table):  # sliding window
                 table.release_front(rng.randint(table.num_released, len(table)))
             elif action < 0.5:
-                table.append(self.block())
+                self.append_block(request, group)
 
     def mutate_generation(self, request):
         rng = self.rng
@@ -114,18 +146,19 @@ class World:
         action = rng.random()
         if action < 0.3:
             for _ in range(rng.randint(0, 4)):
-                request.add_new_token(self.token())
+                self.add_token(request)
         elif action < 0.5:  # drafts: reject some (truncate), then append the accepted + bonus
             n = request.get_num_tokens(0)
             rejected = rng.randint(0, n - prompt_len)
-            request.truncate(n - rejected)
+            self.truncate(request, n - rejected)
             for _ in range(rng.randint(0, 4)):
-                request.add_new_token(self.token())
+                self.add_token(request)
         elif action < 0.6:  # shrink, regrow
-            request.truncate(rng.randint(prompt_len, request.get_num_tokens(0)))
+            self.truncate(request, rng.randint(prompt_len, request.get_num_tokens(0)))
             for _ in range(rng.randint(0, 5)):
-                request.add_new_token(self.token())
+                self.add_token(request)
         elif action < 0.65:  # the whole generated part rewritten
+            self.touch_tokens(request, prompt_len)
             request.set_generated_tokens([[self.token() for _ in range(rng.randint(0, 6))]])
         request.draft_tokens = [self.token() for _ in range(rng.choice([0, 0, 1, 3]))]
         self.allocate(request, request.get_num_tokens(0))
@@ -188,9 +221,28 @@ class World:
             assert data.num_scheduled_tokens == scheduled
             if data.is_new:
                 assert data.num_replaced_tokens == 0
+                assert data.num_replaced_blocks_by_group == [0] * len(request.block_tables)
                 self.mirrors[request_id] = Mirror(data)
             else:
-                self.mirrors[request_id].apply(data)
+                # each change carried once: the delta starts exactly at the lowest changed position
+                mirror = self.mirrors[request_id]
+                low = min(len(mirror.tokens), self.low_tokens.get(request_id, UNCHANGED))
+                assert data.num_replaced_tokens == len(mirror.tokens) - low, request_id
+                assert len(data.new_tokens) == request.get_num_tokens(0) - low, request_id
+                low_blocks = self.low_blocks.get(request_id, [UNCHANGED] * len(mirror.blocks))
+                for blocks, low, replaced, new, table in zip(
+                    mirror.blocks,
+                    low_blocks,
+                    data.num_replaced_blocks_by_group,
+                    data.new_block_ids_by_group,
+                    request.block_tables,
+                ):
+                    low = min(len(blocks), low)
+                    assert replaced == len(blocks) - low, request_id
+                    assert len(new) == len(table) - low, request_id
+                mirror.apply(data)
+            self.low_tokens.pop(request_id, None)
+            self.low_blocks.pop(request_id, None)
             mirror = self.mirrors[request_id]
             assert mirror.tokens == request.get_tokens(0), request_id
             assert mirror.blocks == real_blocks(request), request_id
@@ -205,7 +257,7 @@ class World:
             request.move_to_next_context_chunk()
             if request.context_remaining_length == 0:
                 request.state = RequestState.GENERATION_IN_PROGRESS
-                request.add_new_token(self.token())
+                self.add_token(request)
             else:
                 request.context_chunk_size = rng.randint(1, request.context_remaining_length)
             self.allocate(request, request.get_num_tokens(0))
@@ -216,6 +268,8 @@ class World:
                 self.manager.request_finished(request_id)
                 self.mirrors.pop(request_id, None)
                 self.matched.pop(request_id, None)
+                self.low_tokens.pop(request_id, None)
+                self.low_blocks.pop(request_id, None)
                 self.tracked.discard(request_id)
                 self.finished_ids.append(request_id)
         assert self.manager.tracked_request_ids() == sorted(self.tracked)
