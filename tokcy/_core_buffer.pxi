@@ -19,6 +19,7 @@ cdef inline Py_ssize_t grown_capacity(Py_ssize_t capacity, Py_ssize_t needed) no
 @cython.final
 cdef class Int32Buffer:
     cdef object storage      # numpy int32 array that owns `data`; old ones live on in views
+    cdef object readonly     # storage through a read-only buffer, made at the first view
     cdef int32_t* data
     cdef Py_ssize_t size
     cdef Py_ssize_t capacity
@@ -36,6 +37,7 @@ cdef class Int32Buffer:
     cdef int _adopt(self, object storage) except -1:
         cdef int32_t[::1] memory = storage
         self.storage = storage
+        self.readonly = None
         self.capacity = memory.shape[0]
         self.data = &memory[0] if self.capacity > 0 else NULL
         self.shared_end = 0
@@ -104,9 +106,9 @@ cdef class Int32Buffer:
         """Read-only snapshot of [begin, end), zero-copy."""
         if end > self.shared_end:
             self.shared_end = end
-        snapshot = self.storage[begin:end]
-        snapshot.flags.writeable = False
-        return snapshot
+        if self.readonly is None:
+            self.readonly = np.frombuffer(memoryview(self.storage).toreadonly(), dtype=np.int32)
+        return self.readonly[begin:end]
 
     cdef inline Py_ssize_t clamp_begin(self, Py_ssize_t begin) noexcept:
         return 0 if begin < 0 else (self.size if begin > self.size else begin)

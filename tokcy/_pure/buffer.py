@@ -21,8 +21,14 @@ def grown_capacity(capacity, needed):
     return max(needed, capacity + capacity // 4, MIN_CAPACITY)
 
 
+def readonly_alias(storage):
+    """``storage`` seen through a read-only buffer: views sliced from it cannot be made
+    writeable again (numpy refuses, as their base is not writeable)."""
+    return np.frombuffer(memoryview(storage).toreadonly(), dtype=np.int32)
+
+
 class Int32Buffer:
-    __slots__ = ("storage", "size", "shared_end", "dirty_from")
+    __slots__ = ("storage", "size", "shared_end", "dirty_from", "_readonly")
 
     def __init__(self, values):
         """``values``: a validated 1-D int32 array; the buffer holds a copy."""
@@ -30,6 +36,7 @@ class Int32Buffer:
         self.size = len(values)
         self.shared_end = 0
         self.dirty_from = 0
+        self._readonly = None
 
     def _make_writable(self, start, new_size):
         """Make positions ``[start, new_size)`` writable without changing any view."""
@@ -41,6 +48,7 @@ class Int32Buffer:
             fresh[: self.size] = self.storage[: self.size]
             self.storage = fresh
             self.shared_end = 0
+            self._readonly = None
         if start < self.dirty_from:
             self.dirty_from = start
 
@@ -82,9 +90,9 @@ class Int32Buffer:
         """Read-only snapshot of ``[begin, end)``, zero-copy."""
         if end > self.shared_end:
             self.shared_end = end
-        snapshot = self.storage[begin:end]
-        snapshot.flags.writeable = False
-        return snapshot
+        if self._readonly is None:
+            self._readonly = readonly_alias(self.storage)
+        return self._readonly[begin:end]
 
     def clamp(self, begin, end):
         """The engine's clamping: b = clamp(begin, 0, n), e = clamp(end, b, n)."""
