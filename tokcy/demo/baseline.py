@@ -1,0 +1,105 @@
+"""The seed's "after" pattern of input preparation, for comparison on the same batches.
+
+A per-request Python loop over the O(1)/O(range) accessors (``get_num_tokens``,
+``get_tokens_range``, ``get_last_tokens``) that appends to Python lists and turns them into
+numpy arrays at the end: what an engine does once it stops copying whole token lists,
+but before it moves the loop out of Python. Same rows, same order, same fields as
+``tokcy.executor.prepare_inputs`` for the row kinds the demo uses (context chunks,
+generation with drafts, plain generation, device tokens, padding).
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+
+def prepare_inputs_after(context_requests, generation_requests, *, device_token_requests=(), cuda_graph_batch_sizes=None):
+    input_ids, position_ids, gather_ids = [], [], []
+    seq_lens, num_cached, prompt_lens, request_ids = [], [], [], []
+    draft_tokens, draft_lens, device_slots = [], [], []
+
+    for request in context_requests:
+        begin = request.context_current_position
+        chunk = request.context_chunk_size
+        input_ids.extend(request.get_tokens_range(0, begin, begin + chunk))
+        position_ids.extend(range(begin, begin + chunk))
+        gather_ids.append(len(input_ids) - 1)
+        seq_lens.append(chunk)
+        num_cached.append(begin)
+        prompt_lens.append(request.prompt_len)
+        request_ids.append(request.request_id)
+    num_context_tokens = len(input_ids)
+
+    with_drafts = [request for request in generation_requests if request.has_draft_tokens]
+    plain = [request for request in generation_requests if not request.has_draft_tokens]
+    for request in with_drafts:
+        n = request.get_num_tokens(0)
+        drafts = request.draft_tokens
+        first = len(input_ids)
+        input_ids.append(request.get_last_tokens(0))
+        input_ids.extend(drafts)
+        position_ids.extend(range(n - 1, n + len(drafts)))
+        gather_ids.extend(range(first, len(input_ids)))
+        seq_lens.append(1 + len(drafts))
+        num_cached.append(n - 1)
+        prompt_lens.append(request.prompt_len)
+        request_ids.append(request.request_id)
+        draft_tokens.extend(drafts)
+        draft_lens.append(len(drafts))
+    for request in plain:
+        n = request.max_beam_num_tokens
+        for beam in range(request.beam_width):
+            gather_ids.append(len(input_ids))
+            input_ids.append(request.get_last_tokens(beam))
+            position_ids.append(n - 1)
+            seq_lens.append(1)
+            num_cached.append(n - 1)
+            prompt_lens.append(request.prompt_len)
+            request_ids.append(request.request_id)
+    device_row_start = len(input_ids)
+    for request in device_token_requests:
+        n = request.get_num_tokens(0)
+        gather_ids.append(len(input_ids))
+        input_ids.append(0)
+        position_ids.append(n)
+        seq_lens.append(1)
+        num_cached.append(n)
+        prompt_lens.append(request.prompt_len)
+        request_ids.append(request.request_id)
+        device_slots.append(request.seq_slot)
+
+    num_sequences = len(seq_lens)
+    padded = num_sequences
+    if cuda_graph_batch_sizes and not context_requests:
+        fits = [size for size in sorted(cuda_graph_batch_sizes) if size >= num_sequences]
+        if fits:
+            padded = fits[0]
+    for _ in range(padded - num_sequences):
+        input_ids.append(0)
+        position_ids.append(0)
+        seq_lens.append(1)
+        num_cached.append(0)
+        prompt_lens.append(0)
+        request_ids.append(-1)
+
+    i32 = np.int32
+    return SimpleNamespace(
+        input_ids=np.array(input_ids, dtype=i32),
+        position_ids=np.array(position_ids, dtype=i32),
+        gather_ids=np.array(gather_ids, dtype=i32),
+        seq_lens=np.array(seq_lens, dtype=i32),
+        num_cached_tokens=np.array(num_cached, dtype=i32),
+        prompt_lens=np.array(prompt_lens, dtype=i32),
+        cu_seqlens=np.concatenate(([0], np.cumsum(seq_lens))).astype(i32),
+        request_ids=np.array(request_ids, dtype=np.int64),
+        draft_tokens=np.array(draft_tokens, dtype=i32),
+        draft_lens=np.array(draft_lens, dtype=i32),
+        device_token_slots=np.array(device_slots, dtype=i32),
+        device_token_row_start=device_row_start,
+        num_context_requests=len(context_requests),
+        num_context_tokens=num_context_tokens,
+        num_generation_tokens=device_row_start + len(device_token_requests) - num_context_tokens,
+        num_tokens=len(input_ids),
+        num_sequences=num_sequences,
+        padded_batch_size=padded,
+    )
