@@ -133,8 +133,12 @@ class Scheduler:
         entry.request.state = tokcy.RequestState.GENERATION_COMPLETE
 
     def preempt(self, entry):
+        """Send ``entry`` back to the waiting queue; False if it finished instead (its last
+        token came over from the device in ``on_preempt``)."""
         if self.on_preempt is not None:
             self.on_preempt(entry)  # e.g. bring a token still on the device to the host first
+            if entry not in self.running:
+                return False
         request = entry.request
         self.cache.free_all(request)
         self._free_slots.append(request.seq_slot)
@@ -144,6 +148,7 @@ class Scheduler:
         entry.preemptions += 1
         entry.device_streak = 0
         self.num_preemptions += 1
+        return True
 
     def _admit(self, entry):
         self.waiting.remove(entry)
@@ -171,8 +176,8 @@ class Scheduler:
         """
         while not self.cache.can_grow(entry.request, num_positions):
             victim = self.running[-1]
-            self.preempt(victim)
-            preempted.append(victim)
+            if self.preempt(victim):
+                preempted.append(victim)
             if victim is entry:
                 return False
         self.cache.grow(entry.request, num_positions)
