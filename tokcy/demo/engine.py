@@ -59,6 +59,8 @@ class EngineStats:
     decode_only_iterations: int = 0
     forward_tokens: int = 0
     padding_rows: int = 0
+    device_token_rows: int = 0
+    context_chunks: int = 0
     generated_tokens: int = 0
     drafts_proposed: int = 0
     drafts_accepted: int = 0
@@ -166,6 +168,8 @@ class Engine:
             stats.decode_counts.append((inputs.num_tokens, received_tokens, received_blocks))
         stats.forward_tokens += inputs.num_tokens
         stats.padding_rows += inputs.padded_batch_size - inputs.num_sequences
+        stats.device_token_rows += len(device)
+        stats.context_chunks += len(context)
 
         t3 = time.perf_counter()
         sampled, gather_index = self._forward(inputs, batch)

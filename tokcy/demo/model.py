@@ -28,7 +28,7 @@ class ModelConfig:
     vocab_size: int = 96
     d_model: int = 32
     num_layers: int = 2
-    num_heads: int = 4
+    num_heads: int = 2
     mlp_hidden: int = 64
     rope_theta: float = 10000.0
     seed: int = 1234
