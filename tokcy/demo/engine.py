@@ -60,6 +60,7 @@ class EngineStats:
     forward_tokens: int = 0
     padding_rows: int = 0
     device_token_rows: int = 0
+    scheduled_requests: int = 0
     context_chunks: int = 0
     generated_tokens: int = 0
     drafts_proposed: int = 0
@@ -169,6 +170,7 @@ class Engine:
         stats.forward_tokens += inputs.num_tokens
         stats.padding_rows += inputs.padded_batch_size - inputs.num_sequences
         stats.device_token_rows += len(device)
+        stats.scheduled_requests += len(batch)
         stats.context_chunks += len(context)
 
         t3 = time.perf_counter()
