@@ -8,6 +8,7 @@ import time
 import torch
 
 import tokcy
+from tokcy import _backend
 from tokcy.demo.engine import Engine, EngineConfig
 from tokcy.demo.model import ModelConfig, TinyTransformer
 from tokcy.demo.reference import generate
@@ -91,7 +92,7 @@ def main(argv=None):
     timed = max(stats.timed_batches, 1)
     modes = [name for name, on in (("speculation", args.speculation), ("overlap", args.overlap),
                                    ("padding", args.padding)) if on]
-    print(f"tokcy {tokcy.__version__} demo: backend {tokcy.BACKEND}, device {args.device}, "
+    print(f"tokcy {tokcy.__version__} demo: backend {_backend.BACKEND}, device {args.device}, "
           f"torch {torch.__version__} ({torch.get_num_threads()} thread(s)), modes: {', '.join(modes) or 'plain'}")
     print(f"model: vocab {model.config.vocab_size}, d_model {model.config.d_model}, "
           f"{model.config.num_layers} layers, float64; KV pool {args.num_blocks} blocks x {args.block_size} tokens")

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import tokcy
-from tokcy.demo.baseline import prepare_inputs_after
+from tokcy.demo.baseline import prepare_inputs_after, prepare_inputs_after_demo
 from tokcy.demo.connector import OffloadStore
 from tokcy.demo.kv_cache import PagedKVCache
 from tokcy.demo.scheduler import GENERATING, Scheduler
@@ -310,12 +310,19 @@ class Engine:
         after = prepare_inputs_after(context, generation, device_token_requests=device,
                                      cuda_graph_batch_sizes=graph_sizes)
         t2 = time.perf_counter()
+        if self.config.check_inputs:
+            demo = prepare_inputs_after_demo(context, generation, device_token_requests=device,
+                                             cuda_graph_batch_sizes=graph_sizes)
+            for name in ("input_ids", "position_ids", "gather_ids", "seq_lens", "num_cached_tokens", "prompt_lens",
+                         "cu_seqlens", "request_ids", "draft_tokens", "draft_lens", "device_token_slots"):
+                if not np.array_equal(getattr(demo, name), getattr(after, name)):
+                    raise AssertionError(f"{name}: the demo's after pattern and tokcy._baselines disagree")
         stats.time_prepare_host += t1 - t0
         stats.time_after_pattern += t2 - t1
         stats.timed_batches += 1
         if self.config.check_inputs:
-            for name in ("input_ids", "position_ids", "gather_ids", "seq_lens", "num_cached_tokens", "cu_seqlens",
-                         "request_ids", "draft_tokens", "draft_lens", "device_token_slots"):
+            for name in ("input_ids", "position_ids", "gather_ids", "seq_lens", "num_cached_tokens", "prompt_lens",
+                         "cu_seqlens", "request_ids", "draft_tokens", "draft_lens", "device_token_slots"):
                 for label, arrays in (("prepare_inputs", ours), ("InputPreparer", host)):
                     got = np.asarray(getattr(arrays, name))
                     want = getattr(after, name)
