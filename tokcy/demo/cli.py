@@ -1,7 +1,6 @@
 """``python -m tokcy demo``: run the engine on a workload, check it against the reference, report."""
 
 import argparse
-import os
 import sys
 import time
 
