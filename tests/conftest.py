@@ -35,6 +35,7 @@ def backend(request, monkeypatch):
     module = backend_module(request.param)
     monkeypatch.setattr(_backend, "module", module)
     monkeypatch.setattr(_backend, "BACKEND", request.param)
+    monkeypatch.setattr(tokcy, "BACKEND", request.param)
     monkeypatch.setattr(tokcy, "Request", module.Request)
     monkeypatch.setattr(tokcy, "BlockTable", module.BlockTable)
     return module
