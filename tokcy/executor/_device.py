@@ -15,7 +15,15 @@ runs with CPU tensors, no pinning and no events. torch is imported when an
 
 import numpy as np
 
-from tokcy.executor._host import ARRAY_FIELDS, COUNT_FIELDS, HostBuffers, PreparedInputs, _count, prepare_inputs
+from tokcy.executor._host import (
+    ARRAY_FIELDS,
+    COUNT_FIELDS,
+    HostBuffers,
+    PreparedInputs,
+    _count,
+    capacity_lengths,
+    prepare_inputs,
+)
 
 # Packed order: per-sequence arrays first, token-sized arrays last, input_ids at the end.
 _PACKED_ORDER = (
@@ -35,19 +43,7 @@ _PACKED_ORDER = (
 
 def _packed_layout(max_num_tokens, max_batch_size, max_draft_len):
     """{name: (offset, length in elements, width in int32 words)} and the total int32 words."""
-    lengths = {
-        "input_ids": max_num_tokens,
-        "position_ids": max_num_tokens,
-        "gather_ids": max_num_tokens,
-        "seq_lens": max_batch_size,
-        "num_cached_tokens": max_batch_size,
-        "prompt_lens": max_batch_size,
-        "cu_seqlens": max_batch_size + 1,
-        "request_ids": max_batch_size,
-        "draft_tokens": max_batch_size * max_draft_len,
-        "draft_lens": max_batch_size,
-        "device_token_slots": max_batch_size,
-    }
+    lengths = capacity_lengths(max_num_tokens, max_batch_size, max_draft_len)
     layout = {}
     offset = 0
     for name in _PACKED_ORDER:

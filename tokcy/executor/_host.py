@@ -48,6 +48,23 @@ def _count(value, name, minimum=0):
     return number
 
 
+def capacity_lengths(max_num_tokens, max_batch_size, max_draft_len):
+    """{array name: entries it needs} for a batch within these capacities."""
+    return {
+        "input_ids": max_num_tokens,
+        "position_ids": max_num_tokens,
+        "gather_ids": max_num_tokens,
+        "seq_lens": max_batch_size,
+        "num_cached_tokens": max_batch_size,
+        "prompt_lens": max_batch_size,
+        "cu_seqlens": max_batch_size + 1,
+        "request_ids": max_batch_size,
+        "draft_tokens": max_batch_size * max_draft_len,
+        "draft_lens": max_batch_size,
+        "device_token_slots": max_batch_size,
+    }
+
+
 def _used_lengths(counts):
     """Used length of each array (ARRAY_FIELDS order) from a writer's counts tuple."""
     (_, _, _, num_tokens, _, padded, _, num_gather, num_draft_tokens, num_draft_requests, num_device) = counts
@@ -98,19 +115,7 @@ class HostBuffers:
         max_num_tokens = _count(max_num_tokens, "max_num_tokens")
         max_batch_size = _count(max_batch_size, "max_batch_size")
         max_draft_len = _count(max_draft_len, "max_draft_len")
-        arrays = {
-            "input_ids": max_num_tokens,
-            "position_ids": max_num_tokens,
-            "gather_ids": max_num_tokens,
-            "seq_lens": max_batch_size,
-            "num_cached_tokens": max_batch_size,
-            "prompt_lens": max_batch_size,
-            "cu_seqlens": max_batch_size + 1,
-            "request_ids": max_batch_size,
-            "draft_tokens": max_batch_size * max_draft_len,
-            "draft_lens": max_batch_size,
-            "device_token_slots": max_batch_size,
-        }
+        arrays = capacity_lengths(max_num_tokens, max_batch_size, max_draft_len)
         arrays = {
             name: np.zeros(size, dtype=np.int64 if name == "request_ids" else np.int32) for name, size in arrays.items()
         }
