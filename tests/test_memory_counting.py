@@ -13,20 +13,31 @@ import pytest
 
 
 def storage_of(view):
-    """The array owning the memory behind ``view`` (the buffer's storage), or skip."""
+    """The object owning the memory behind ``view`` (the buffer's storage), or skip.
+
+    Follows ``.base`` of arrays and ``.obj`` of memoryviews (a read-only wrapper may sit
+    between the view and the storage) down to the owner.
+    """
     owner = view
-    while isinstance(owner, np.ndarray) and owner.base is not None:
-        owner = owner.base
+    while True:
+        if isinstance(owner, np.ndarray) and owner.base is not None:
+            owner = owner.base
+        elif isinstance(owner, memoryview) and owner.obj is not None:
+            owner = owner.obj
+        else:
+            break
     if isinstance(owner, np.ndarray):
         return owner
     try:
-        return np.frombuffer(owner, dtype=np.uint8)
+        memoryview(owner)
     except TypeError:
         pytest.skip(f"the storage behind a view ({type(owner).__name__}) does not expose its size")
+    return owner
 
 
 def capacity_bytes(view):
-    return storage_of(view).nbytes
+    owner = storage_of(view)
+    return owner.nbytes if isinstance(owner, np.ndarray) else memoryview(owner).nbytes
 
 
 @pytest.mark.parametrize("n", [100, 1000, 8192, 50_000])

@@ -315,18 +315,20 @@ def test_view_whole_beam(req):
         v[0] = 1
 
 
-@pytest.mark.xfail(
-    reason="DESIGN.md: a view never changes under its holder; both backends let the holder flip "
-    "flags.writeable back to True and then write into the request's live buffer",
-    strict=False,
-)
 def test_view_cannot_be_made_writable(req):
+    """A view never changes under its holder, and its holder cannot change the request."""
     v = req.get_tokens_view()
     with pytest.raises(ValueError):
         v.flags.writeable = True
     with pytest.raises(ValueError):
         v[0] = 1
     assert req.get_tokens(0) == [11, 12, 13, 21, 22]
+    table = req.block_tables[0]
+    table.extend([1, 2])
+    tv = table.view()
+    with pytest.raises(ValueError):
+        tv.flags.writeable = True
+    assert table.tolist() == [1, 2]
 
 
 @pytest.mark.parametrize(
@@ -397,6 +399,8 @@ def test_chunked_prefill_walk(backend):
     assert (r.context_current_position, r.context_chunk_size, r.context_remaining_length) == (0, 10, 10)
     assert r.is_first_context_chunk is True
     assert r.is_last_context_chunk is True
+    r.context_chunk_size = 9
+    assert r.is_last_context_chunk is False  # 0 + 9 != 10
     r.context_chunk_size = 4
     assert r.context_chunk_size == 4
     assert r.is_last_context_chunk is False

@@ -313,8 +313,8 @@ def test_request_state_machine(backend):
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=300,
-            stateful_step_count=50,
+            max_examples=200,
+            stateful_step_count=40,
             deadline=None,
             database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],

@@ -19,6 +19,16 @@ cdef inline int32_t token_arg(object value, str name) except? -1:
     return <int32_t>_tokens.check_token(value, name)
 
 
+cdef inline Py_ssize_t clamped_index(object value) except? -1:
+    """An index that is clamped anyway: saturates beyond the C ssize_t range (see _tokens)."""
+    if type(value) is int:
+        try:
+            return value
+        except OverflowError:
+            pass
+    return _tokens.as_clamped_index(value)
+
+
 cdef inline int check_beam(Py_ssize_t beam, Py_ssize_t beam_width) except -1:
     if beam < 0 or beam >= beam_width:
         _tokens.check_beam(beam, beam_width)
@@ -322,25 +332,27 @@ cdef class Request:
         buffer = self._beam(beam)
         return buffer.tolist(0, buffer.size)
 
-    def get_tokens_range(self, Py_ssize_t beam, Py_ssize_t begin, Py_ssize_t end):
+    def get_tokens_range(self, Py_ssize_t beam, begin, end):
         """Tokens ``[b, e)`` with b = clamp(begin, 0, n), e = clamp(end, b, n): O(e - b).
 
         Not Python slicing: a negative ``begin`` counts as 0 and ``begin >= end`` gives [].
         """
+        cdef Py_ssize_t first = clamped_index(begin), stop = clamped_index(end)
         cdef Int32Buffer buffer = self._beam(beam)
-        begin = buffer.clamp_begin(begin)
-        return buffer.tolist(begin, buffer.clamp_end(begin, end))
+        first = buffer.clamp_begin(first)
+        return buffer.tolist(first, buffer.clamp_end(first, stop))
 
-    def get_tokens_view(self, Py_ssize_t beam=0, Py_ssize_t begin=0, end=None):
+    def get_tokens_view(self, Py_ssize_t beam=0, begin=0, end=None):
         """A read-only zero-copy numpy snapshot of ``[begin, end)`` clamped as in ``get_tokens_range``.
 
         The view never changes and never dangles: later writes that would touch what it
         shows go to fresh storage instead.
         """
+        cdef Py_ssize_t first = clamped_index(begin)
         cdef Int32Buffer buffer = self._beam(beam)
-        cdef Py_ssize_t stop = buffer.size if end is None else _tokens.as_index(end, "end")
-        begin = buffer.clamp_begin(begin)
-        return buffer.view(begin, buffer.clamp_end(begin, stop))
+        cdef Py_ssize_t stop = buffer.size if end is None else clamped_index(end)
+        first = buffer.clamp_begin(first)
+        return buffer.view(first, buffer.clamp_end(first, stop))
 
     def get_token(self, Py_ssize_t beam, Py_ssize_t pos):
         """One token; IndexError outside ``[0, n)``."""

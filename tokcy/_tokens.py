@@ -25,6 +25,12 @@ def as_index(value, name=None):
     return number
 
 
+def as_clamped_index(value):
+    """An index argument that is clamped anyway (``get_tokens_range``'s begin and end):
+    any int is accepted, and one beyond the C ssize_t range saturates instead of raising."""
+    return min(max(operator.index(value), SSIZE_MIN), SSIZE_MAX)
+
+
 def check_token(value, name):
     """Return one token id as a Python int; TypeError / OverflowError if it is not an int32."""
     if isinstance(value, (float, np.floating)) or value is None:

@@ -10,7 +10,7 @@ import numpy as np
 from tokcy import _pickle, _repr
 from tokcy._pure.buffer import Int32Buffer
 from tokcy._state import RequestState
-from tokcy._tokens import INT32_MAX, as_index, as_int32_array, check_beam, check_token
+from tokcy._tokens import INT32_MAX, as_clamped_index, as_index, as_int32_array, check_beam, check_token
 
 
 def _block_ids_array(block_ids, name):
@@ -296,7 +296,7 @@ class Request:
 
         Not Python slicing: a negative ``begin`` counts as 0 and ``begin >= end`` gives [].
         """
-        beam, begin, end = as_index(beam), as_index(begin), as_index(end)
+        beam, begin, end = as_index(beam), as_clamped_index(begin), as_clamped_index(end)
         buffer = self._beam(beam)
         return buffer.tolist(*buffer.clamp(begin, end))
 
@@ -306,9 +306,9 @@ class Request:
         The view never changes and never dangles: later writes that would touch what it
         shows go to fresh storage instead.
         """
-        beam, begin = as_index(beam), as_index(begin)
+        beam, begin = as_index(beam), as_clamped_index(begin)
         buffer = self._beam(beam)
-        end = buffer.size if end is None else as_index(end)
+        end = buffer.size if end is None else as_clamped_index(end)
         return buffer.view(*buffer.clamp(begin, end))
 
     def get_token(self, beam, pos):
