@@ -35,8 +35,7 @@ cdef struct SeqSpec:
     Py_ssize_t ncopy
     Py_ssize_t ndraft
     Py_ssize_t seq_len         # rows; rows past ncopy + ndraft are the placeholder 0
-    Py_ssize_t pos0
-    Py_ssize_t cached
+    Py_ssize_t pos0            # first position; also the cached tokens, for every row kind
     int64_t request_id
     int32_t prompt_len
     int32_t slot
@@ -92,7 +91,7 @@ cdef inline void emit_seq(const SeqSpec* spec, Outputs* out, Py_ssize_t* counter
         out.device_token_slots[counters[5]] = spec.slot
         counters[5] += 1
     out.seq_lens[seq] = <int32_t>spec.seq_len
-    out.num_cached_tokens[seq] = <int32_t>spec.cached
+    out.num_cached_tokens[seq] = <int32_t>spec.pos0
     out.prompt_lens[seq] = spec.prompt_len
     out.request_ids[seq] = spec.request_id
     out.cu_seqlens[seq + 1] = <int32_t>(row + spec.seq_len)
@@ -136,10 +135,35 @@ cdef void fill_rows(const SeqSpec* specs, Py_ssize_t num_context, Py_ssize_t gen
         seq += 1
 
 
-cdef inline Py_ssize_t int_arg(object value, str name) except? -1:
-    if type(value) is int:
-        return value
-    return _tokens.as_index(value, name)
+cdef inline void set_spec(SeqSpec* spec, Request request, Int32Buffer source, Py_ssize_t begin, Py_ssize_t ncopy,
+                          Py_ssize_t seq_len, Py_ssize_t pos0, int gather, int kind) noexcept:
+    """Describe one sequence; holds a reference to each storage it points into until
+    _release(), so the pointers stay valid while pass 2 runs without the GIL."""
+    cdef Int32Buffer drafts = request._draft_tokens
+    if source is None:
+        spec.src = NULL
+        spec.src_owner = NULL
+    else:
+        spec.src = source.data + begin
+        spec.src_owner = <PyObject*>source.storage
+        Py_INCREF(source.storage)
+    if kind == KIND_DRAFT:
+        spec.draft = drafts.data
+        spec.draft_owner = <PyObject*>drafts.storage
+        Py_INCREF(drafts.storage)
+        spec.ndraft = drafts.size
+    else:
+        spec.draft = NULL
+        spec.draft_owner = NULL
+        spec.ndraft = 0
+    spec.ncopy = ncopy
+    spec.seq_len = seq_len
+    spec.pos0 = pos0
+    spec.request_id = request._request_id
+    spec.prompt_len = <int32_t>request._prompt_len
+    spec.slot = <int32_t>request._seq_slot if kind == KIND_DEVICE else -1
+    spec.gather = gather
+    spec.kind = kind
 
 
 @cython.final
@@ -283,6 +307,10 @@ cdef class InputWriter:
         if self._busy:
             _checks.busy()
         self._release()
+        if max_draft_len < 0:
+            _checks.negative_limit("max_draft_len", max_draft_len)
+        if max_beam_width < 0:
+            _checks.negative_limit("max_beam_width", max_beam_width)
         contexts = context_requests if type(context_requests) in (list, tuple) else tuple(context_requests)
         generations = generation_requests if type(generation_requests) in (list, tuple) else tuple(generation_requests)
         first_drafts = first_draft_requests if type(first_draft_requests) in (list, tuple) else tuple(first_draft_requests)
@@ -312,23 +340,7 @@ cdef class InputWriter:
                     _checks.empty_chunk(request._request_id)
                 if start + chunk > request._prompt_len:
                     _checks.chunk_past_prompt(request._request_id, start, chunk, request._prompt_len)
-                buffer = request._beam0
-                spec = self._add(0)
-                spec.src = buffer.data + start
-                spec.src_owner = <PyObject*>buffer.storage
-                Py_INCREF(buffer.storage)
-                spec.draft = NULL
-                spec.draft_owner = NULL
-                spec.ncopy = chunk
-                spec.ndraft = 0
-                spec.seq_len = chunk
-                spec.pos0 = start
-                spec.cached = start
-                spec.request_id = request._request_id
-                spec.prompt_len = <int32_t>request._prompt_len
-                spec.slot = -1
-                spec.gather = GATHER_LAST
-                spec.kind = KIND_CONTEXT
+                set_spec(self._add(0), request, request._beam0, start, chunk, chunk, start, GATHER_LAST, KIND_CONTEXT)
                 self._num_specs += 1
                 self._num_context_tokens += chunk
                 self._num_gather += 1
@@ -354,23 +366,7 @@ cdef class InputWriter:
                     n = buffer.size
                     if n == 0:
                         _checks.no_tokens(_checks.GENERATION, request._request_id, 0)
-                    spec = self._add(0)
-                    spec.src = buffer.data + n - 1
-                    spec.src_owner = <PyObject*>buffer.storage
-                    Py_INCREF(buffer.storage)
-                    spec.draft = request._draft_tokens.data
-                    spec.draft_owner = <PyObject*>request._draft_tokens.storage
-                    Py_INCREF(request._draft_tokens.storage)
-                    spec.ncopy = 1
-                    spec.ndraft = k
-                    spec.seq_len = 1 + k
-                    spec.pos0 = n - 1
-                    spec.cached = n - 1
-                    spec.request_id = request._request_id
-                    spec.prompt_len = <int32_t>request._prompt_len
-                    spec.slot = -1
-                    spec.gather = GATHER_ALL
-                    spec.kind = KIND_DRAFT
+                    set_spec(self._add(0), request, buffer, n - 1, 1, 1 + k, n - 1, GATHER_ALL, KIND_DRAFT)
                     self._num_specs += 1
                     self._num_tokens += 1 + k
                     self._num_gather += 1 + k
@@ -389,22 +385,8 @@ cdef class InputWriter:
                     self._add(request._beam_width - 1)
                     for beam in range(request._beam_width):
                         buffer = <Int32Buffer>request._beams[beam]
-                        spec = &self._specs[self._num_specs]
-                        spec.src = buffer.data + buffer.size - 1
-                        spec.src_owner = <PyObject*>buffer.storage
-                        Py_INCREF(buffer.storage)
-                        spec.draft = NULL
-                        spec.draft_owner = NULL
-                        spec.ncopy = 1
-                        spec.ndraft = 0
-                        spec.seq_len = 1
-                        spec.pos0 = n - 1
-                        spec.cached = n - 1
-                        spec.request_id = request._request_id
-                        spec.prompt_len = <int32_t>request._prompt_len
-                        spec.slot = -1
-                        spec.gather = GATHER_LAST
-                        spec.kind = KIND_PLAIN
+                        set_spec(&self._specs[self._num_specs], request, buffer, buffer.size - 1, 1, 1, n - 1,
+                                 GATHER_LAST, KIND_PLAIN)
                         self._num_specs += 1
                     self._num_tokens += request._beam_width
                     self._num_gather += request._beam_width
@@ -429,22 +411,8 @@ cdef class InputWriter:
                 start = n - max_draft_len - 1
                 if start < 0:
                     start = 0
-                spec = self._add(0)
-                spec.src = buffer.data + start
-                spec.src_owner = <PyObject*>buffer.storage
-                Py_INCREF(buffer.storage)
-                spec.draft = NULL
-                spec.draft_owner = NULL
-                spec.ncopy = n - start
-                spec.ndraft = 0
-                spec.seq_len = n - start
-                spec.pos0 = start
-                spec.cached = start
-                spec.request_id = request._request_id
-                spec.prompt_len = <int32_t>request._prompt_len
-                spec.slot = -1
-                spec.gather = GATHER_LAST
-                spec.kind = KIND_FIRST_DRAFT
+                set_spec(self._add(0), request, buffer, start, n - start, n - start, start, GATHER_LAST,
+                         KIND_FIRST_DRAFT)
                 self._num_specs += 1
                 self._num_tokens += n - start
                 self._num_gather += 1
@@ -467,21 +435,7 @@ cdef class InputWriter:
                 if request._seq_slot == NO_SLOT:
                     _checks.missing_slot(request._request_id)
                 n = request._beam0.size
-                spec = self._add(0)
-                spec.src = NULL
-                spec.src_owner = NULL
-                spec.draft = NULL
-                spec.draft_owner = NULL
-                spec.ncopy = 0
-                spec.ndraft = 0
-                spec.seq_len = 1
-                spec.pos0 = n
-                spec.cached = n
-                spec.request_id = request._request_id
-                spec.prompt_len = <int32_t>request._prompt_len
-                spec.slot = <int32_t>request._seq_slot
-                spec.gather = GATHER_LAST
-                spec.kind = KIND_DEVICE
+                set_spec(self._add(0), request, None, 0, 0, 1, n, GATHER_LAST, KIND_DEVICE)
                 self._num_specs += 1
                 self._num_device += 1
                 self._num_gather += 1
@@ -492,7 +446,7 @@ cdef class InputWriter:
             if cuda_graph_batch_sizes is not None and self._num_context == 0 and len(first_drafts) == 0:
                 best = -1
                 for item in cuda_graph_batch_sizes:
-                    size = int_arg(item, "cuda_graph_batch_sizes")
+                    size = item
                     if size < 1:
                         _checks.bad_batch_size(size)
                     if size >= num_sequences and (best < 0 or size < best):
@@ -521,6 +475,8 @@ cdef class InputWriter:
     # ------------------------------------------------------------------ pass 2
     cdef tuple _write(self):
         cdef Py_ssize_t padded, num_sequences
+        if self._busy:
+            _checks.busy()
         if not self._planned:
             _checks.not_planned()
         if self._arrays is None:

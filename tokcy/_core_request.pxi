@@ -65,13 +65,14 @@ cdef class BlockTable:
     def __init__(self, block_ids=()):
         self._buffer = Int32Buffer(block_ids_array(block_ids, "block_ids"))
 
-    def _restore(self, block_ids, Py_ssize_t num_released):
+    def _restore(self, block_ids, Py_ssize_t num_released, Py_ssize_t dirty_from):
         self._buffer = Int32Buffer(np.asarray(block_ids, dtype=np.int32))
+        self._buffer.dirty_from = dirty_from
         self._num_released = num_released
 
     def __reduce__(self):
         cls = None if type(self) is BlockTable else type(self)
-        return (_pickle.restore_block_table, (cls, self.tolist(), self._num_released))
+        return (_pickle.restore_block_table, (cls, self.tolist(), self._num_released, self._buffer.dirty_from))
 
     def __repr__(self):
         return _repr.block_table_repr(type(self).__name__, self.tolist(), self._num_released)
@@ -176,8 +177,11 @@ cdef class Request:
     cdef Py_ssize_t _num_pauses      # bumped by pause(): the connector then reports anew
 
     def __cinit__(self, *args, **kwargs):
-        self._beams = []
-        self._beam_width = 0
+        # One empty beam until __init__ runs, so that even an object whose __init__ was
+        # skipped (a subclass not calling super().__init__) is safe for the hot loops.
+        self._beam0 = Int32Buffer()
+        self._beams = [self._beam0]
+        self._beam_width = 1
         self._state = RequestState.CONTEXT_INIT
         self._state_code = 0
         self._seq_slot = NO_SLOT
@@ -233,6 +237,7 @@ cdef class Request:
     def _from_state(cls, state):
         cdef Request self = cls.__new__(cls)
         cdef Int32Buffer buffer
+        self._beams = []
         for tokens, dirty_from in zip(state["beams"], state["dirty_from"]):
             buffer = Int32Buffer(np.asarray(tokens, dtype=np.int32))
             buffer.dirty_from = dirty_from
@@ -433,7 +438,7 @@ cdef class Request:
     cdef object _per_beam(self, object per_beam):
         if isinstance(per_beam, (str, bytes)) or not hasattr(per_beam, "__len__"):
             raise TypeError(f"per_beam must be a sequence with one entry per beam, not {type(per_beam).__name__}")
-        if isinstance(per_beam, np.ndarray) and per_beam.ndim != 1:
+        if type(per_beam) is not list and type(per_beam) is not tuple:
             per_beam = list(per_beam)
         if len(per_beam) != self._beam_width:
             raise ValueError(f"per_beam has {len(per_beam)} entries but beam_width is {self._beam_width}")

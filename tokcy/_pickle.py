@@ -13,10 +13,11 @@ def restore_request(cls, state):
     return cls._from_state(state)
 
 
-def restore_block_table(cls, block_ids, num_released):
-    """Rebuild a BlockTable (or subclass ``cls``) from its ids and released count."""
+def restore_block_table(cls, block_ids, num_released, dirty_from=0):
+    """Rebuild a BlockTable (or subclass ``cls``) from its ids, released count and the
+    lowest position changed since the connector last read it."""
     if cls is None:
         from tokcy import BlockTable as cls
     table = cls.__new__(cls)
-    table._restore(block_ids, num_released)
+    table._restore(block_ids, num_released, dirty_from)
     return table

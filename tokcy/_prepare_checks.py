@@ -84,6 +84,10 @@ def over_capacity(what, needed, capacity):
     raise ValueError(f"the batch needs {needed} {what} but the output has room for {capacity}")
 
 
+def negative_limit(name, value):
+    raise ValueError(f"{name} must be >= 0, got {value}")
+
+
 def busy():
     raise RuntimeError("this InputWriter is in use by another thread")
 

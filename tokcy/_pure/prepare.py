@@ -21,9 +21,6 @@ _CONTEXT_INIT = int(RequestState.CONTEXT_INIT)
 _IN_PROGRESS = int(RequestState.GENERATION_IN_PROGRESS)
 
 
-def _as_int(value, name):
-    return value if type(value) is int else as_index(value, name)
-
 
 def _check_request(item, group, index, seen, expected_state):
     if not isinstance(item, Request):
@@ -75,8 +72,15 @@ class InputWriter:
              max_draft_len, cuda_graph_batch_sizes, max_beam_width):
         """Pass 1: validate the batch and return the sizes it needs: (token rows, gathered
         rows, sequences incl. padding, draft tokens, draft requests, device-token rows)."""
+        groups = [tuple(group) for group in
+                  (context_requests, generation_requests, first_draft_requests, device_token_requests)]
+        context_requests, generation_requests, first_draft_requests, device_token_requests = groups
         max_draft_len = as_index(max_draft_len)
         max_beam_width = as_index(max_beam_width)
+        if max_draft_len < 0:
+            _checks.negative_limit("max_draft_len", max_draft_len)
+        if max_beam_width < 0:
+            _checks.negative_limit("max_beam_width", max_beam_width)
         self._plan_state = None
         seen = set()
         # spec: (kind, source array, begin, ncopy, draft array, seq_len, pos0, cached, request id, prompt len, slot)
@@ -146,7 +150,7 @@ class InputWriter:
         if cuda_graph_batch_sizes is not None and not context and not first_draft:
             best = -1
             for item in cuda_graph_batch_sizes:
-                size = _as_int(item, "cuda_graph_batch_sizes")
+                size = as_index(item)
                 if size < 1:
                     _checks.bad_batch_size(size)
                 if size >= len(specs) and (best < 0 or size < best):

@@ -39,13 +39,14 @@ class BlockTable:
         self._buffer = Int32Buffer(_block_ids_array(block_ids, "block_ids"))
         self._num_released = 0
 
-    def _restore(self, block_ids, num_released):
+    def _restore(self, block_ids, num_released, dirty_from):
         self._buffer = Int32Buffer(np.asarray(block_ids, dtype=np.int32))
+        self._buffer.dirty_from = dirty_from
         self._num_released = num_released
 
     def __reduce__(self):
         cls = None if type(self) is BlockTable else type(self)
-        return (_pickle.restore_block_table, (cls, self.tolist(), self._num_released))
+        return (_pickle.restore_block_table, (cls, self.tolist(), self._num_released, self._buffer.dirty_from))
 
     def __repr__(self):
         return _repr.block_table_repr(type(self).__name__, self.tolist(), self._num_released)
@@ -373,7 +374,7 @@ class Request:
     def _per_beam(self, per_beam):
         if isinstance(per_beam, (str, bytes)) or not hasattr(per_beam, "__len__"):
             raise TypeError(f"per_beam must be a sequence with one entry per beam, not {type(per_beam).__name__}")
-        if isinstance(per_beam, np.ndarray) and per_beam.ndim != 1:
+        if type(per_beam) is not list and type(per_beam) is not tuple:
             per_beam = list(per_beam)
         if len(per_beam) != len(self._beams):
             raise ValueError(f"per_beam has {len(per_beam)} entries but beam_width is {len(self._beams)}")

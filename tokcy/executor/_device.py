@@ -156,14 +156,19 @@ class InputPreparer:
         host = prepare_inputs(context_requests, generation_requests, first_draft_requests=first_draft_requests,
                               device_token_requests=device_token_requests, max_draft_len=self.max_draft_len,
                               cuda_graph_batch_sizes=cuda_graph_batch_sizes, out=self._host[slot])
+        count = len(host.device_token_slots)
+        if count and int(host.device_token_slots.max()) >= previous.shape[0]:
+            # checked before the copy: a failed call leaves the device tensors as they were
+            bad = int(host.device_token_slots.max())
+            raise ValueError(f"seq_slot {bad} is out of range for previous_new_tokens of {previous.shape[0]} slots")
         self._next = (slot + 1) % len(self._staging)
         used = self._input_ids_end + host.num_tokens
         self._device_packed[:used].copy_(self._staging[slot][:used], non_blocking=self.is_cuda)
         if self._events is not None:
-            self._events[slot].record()
+            # the copy runs on the inputs' device's current stream: fence that stream
+            self._events[slot].record(torch.cuda.current_stream(self._device_packed.device))
             self._recorded[slot] = True
         tensors = self.tensors
-        count = len(host.device_token_slots)
         if count:
             start = host.device_token_row_start
             tokens = previous.index_select(0, tensors["device_token_slots"][:count])

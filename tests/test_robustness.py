@@ -1,0 +1,89 @@
+"""Misuse that must end in a clear exception, never in a crash or a changed object."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+import tokcy
+from tokcy import RequestState
+from tokcy.executor import HostBuffers, prepare_inputs
+
+
+def test_request_whose_init_was_skipped_is_rejected_not_dereferenced(backend):
+    class Lazy(backend.Request):
+        def __init__(self):  # forgets super().__init__
+            pass
+
+    lazy = Lazy()
+    # compiled: an empty request in CONTEXT_INIT (wrong state for a generation row);
+    # pure: it has no fields at all. Either way an exception, never a crash.
+    with pytest.raises((ValueError, AttributeError)):
+        prepare_inputs([], [lazy])
+
+
+@pytest.mark.parametrize("name, value", [("max_draft_len", -1), ("max_beam_width", -2)])
+def test_input_writer_rejects_negative_limits(backend, name, value):
+    request = backend.Request(1, list(range(10)))
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    limits = {"max_draft_len": 0, "max_beam_width": 1, name: value}
+    writer = backend.InputWriter()
+    with pytest.raises(ValueError, match=f"{name} must be >= 0, got {value}"):
+        writer.plan((), (), (request,), (), limits["max_draft_len"], None, limits["max_beam_width"])
+
+
+def test_device_slot_beyond_previous_tokens_leaves_device_tensors_alone(backend):
+    torch = pytest.importorskip("torch")
+    from tokcy.executor import InputPreparer
+
+    request = backend.Request(3, [5, 6, 7])
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    request.seq_slot = 1
+    preparer = InputPreparer(16, 4)
+    first = preparer.prepare([], [], device_token_requests=[request], previous_new_tokens=torch.tensor([40, 41]))
+    assert first.input_ids.tolist() == [41]
+    request.seq_slot = 2
+    with pytest.raises(ValueError, match="seq_slot 2 is out of range for previous_new_tokens of 2 slots"):
+        preparer.prepare([], [], device_token_requests=[request], previous_new_tokens=torch.tensor([40, 41]))
+    assert first.input_ids.tolist() == [41]
+    assert first.position_ids.tolist() == [3]
+
+
+@pytest.mark.parametrize("per_beam", [{0: 5}, {7}, (x for x in [9])], ids=["dict", "set", "generator"])
+def test_add_new_tokens_takes_any_iterable_the_same_way(both_backends, per_beam):
+    outcomes = []
+    for module in both_backends:
+        request = module.Request(1, [1, 2])
+        values = per_beam if not hasattr(per_beam, "__next__") else iter([9])
+        try:
+            outcomes.append(("ok", request.add_new_tokens(values), request.get_tokens(0)))
+        except Exception as error:  # noqa: BLE001 - compared across backends
+            outcomes.append((type(error), str(error), request.get_tokens(0)))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_pickle_keeps_the_change_marks_the_connector_reads(backend):
+    from tokcy.connector import SchedulerOutputManager
+
+    request = backend.Request(1, [1, 2, 3, 4])
+    request.block_tables[0].extend([4, 5, 6])
+    manager = SchedulerOutputManager()
+    manager.build_scheduler_output([request], [])
+    request.block_tables[0][1] = 9
+    clone = pickle.loads(pickle.dumps(request))
+    (report,) = manager.build_scheduler_output([clone], []).cached_requests
+    # only what changed since the last report: block 1 onwards, not the whole table
+    assert report.new_block_ids == [9, 6]
+    assert report.num_replaced_blocks_by_group == [2]
+    assert report.new_tokens == []
+
+
+def test_views_outlive_a_thousand_reallocations(backend):
+    request = backend.Request(1, np.arange(4, dtype=np.int32))
+    views = []
+    for step in range(1000):
+        views.append(request.get_tokens_view(0))
+        request.add_new_token(step)
+    for length, view in enumerate(views, start=4):
+        assert len(view) == length
+        assert view[-1] == (length - 5 if length > 4 else 3)
