@@ -1,1 +1,577 @@
-# Hot loop 1: input preparation (see DESIGN.md, "Hot loop 1"). Filled in by the executor work.
+# Hot loop 1: input preparation (see DESIGN.md, "Hot loop 1"); the readable twin is
+# tokcy/_pure/prepare.py, with the same algorithm and the same errors (tokcy/_prepare_checks).
+#
+# InputWriter.prepare() runs in two passes:
+#   1. plan, with the GIL: per request, read the C fields, validate them and store one
+#      SeqSpec per emitted sequence in a C scratch array that only grows when a batch is
+#      larger than every batch before it. No Python object is created per request; the
+#      storage arrays the token pointers point into are INCREF'd so they outlive pass 2.
+#   2. write, without the GIL: fill_rows() memcpy's the tokens from the beams' `data` and
+#      writes every output array in one sweep. Cost O(batch + emitted tokens).
+
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
+from libc.stdlib cimport free, realloc
+from libc.string cimport memset
+from libc.stdint cimport uint64_t
+
+from tokcy import _prepare_checks as _checks
+
+cdef enum:
+    KIND_CONTEXT = 0
+    KIND_DRAFT = 1
+    KIND_FIRST_DRAFT = 2
+    KIND_PLAIN = 3
+    KIND_DEVICE = 4
+
+cdef enum:
+    GATHER_LAST = 1
+    GATHER_ALL = 2
+
+cdef struct SeqSpec:
+    const int32_t* src         # tokens copied first (ncopy of them)
+    const int32_t* draft       # then the draft tokens (ndraft of them)
+    PyObject* src_owner        # numpy storage behind src / draft, held through pass 2
+    PyObject* draft_owner
+    Py_ssize_t ncopy
+    Py_ssize_t ndraft
+    Py_ssize_t seq_len         # rows; rows past ncopy + ndraft are the placeholder 0
+    Py_ssize_t pos0
+    Py_ssize_t cached
+    int64_t request_id
+    int32_t prompt_len
+    int32_t slot
+    int gather
+    int kind
+
+cdef struct Outputs:
+    int32_t* input_ids
+    int32_t* position_ids
+    int32_t* gather_ids
+    int32_t* seq_lens
+    int32_t* num_cached_tokens
+    int32_t* prompt_lens
+    int32_t* cu_seqlens
+    int64_t* request_ids
+    int32_t* draft_tokens
+    int32_t* draft_lens
+    int32_t* device_token_slots
+
+
+cdef inline void emit_seq(const SeqSpec* spec, Outputs* out, Py_ssize_t* counters) noexcept nogil:
+    # counters: row, seq, gather, draft token, draft request, device row
+    cdef Py_ssize_t row = counters[0]
+    cdef Py_ssize_t seq = counters[1]
+    cdef Py_ssize_t j
+    cdef Py_ssize_t filled = spec.ncopy + spec.ndraft
+    cdef int32_t* ids = out.input_ids + row
+    cdef int32_t* positions = out.position_ids + row
+    cdef int32_t pos0 = <int32_t>spec.pos0
+    if spec.ncopy == 1:
+        ids[0] = spec.src[0]
+    elif spec.ncopy:
+        memcpy(ids, spec.src, spec.ncopy * sizeof(int32_t))
+    if spec.ndraft:
+        memcpy(ids + spec.ncopy, spec.draft, spec.ndraft * sizeof(int32_t))
+        memcpy(out.draft_tokens + counters[3], spec.draft, spec.ndraft * sizeof(int32_t))
+        counters[3] += spec.ndraft
+    if spec.kind == KIND_DRAFT:
+        out.draft_lens[counters[4]] = <int32_t>spec.ndraft
+        counters[4] += 1
+    for j in range(filled, spec.seq_len):
+        ids[j] = 0
+    for j in range(spec.seq_len):
+        positions[j] = pos0 + <int32_t>j
+    if spec.gather == GATHER_LAST:
+        out.gather_ids[counters[2]] = <int32_t>(row + spec.seq_len - 1)
+        counters[2] += 1
+    elif spec.gather == GATHER_ALL:
+        for j in range(spec.seq_len):
+            out.gather_ids[counters[2] + j] = <int32_t>(row + j)
+        counters[2] += spec.seq_len
+    if spec.kind == KIND_DEVICE:
+        out.device_token_slots[counters[5]] = spec.slot
+        counters[5] += 1
+    out.seq_lens[seq] = <int32_t>spec.seq_len
+    out.num_cached_tokens[seq] = <int32_t>spec.cached
+    out.prompt_lens[seq] = spec.prompt_len
+    out.request_ids[seq] = spec.request_id
+    out.cu_seqlens[seq + 1] = <int32_t>(row + spec.seq_len)
+    counters[0] = row + spec.seq_len
+    counters[1] = seq + 1
+
+
+cdef void fill_rows(const SeqSpec* specs, Py_ssize_t num_context, Py_ssize_t generation_end,
+                    Py_ssize_t first_draft_end, Py_ssize_t device_end, Py_ssize_t num_padding,
+                    Outputs* out) noexcept nogil:
+    """Pass 2: the rows in DESIGN.md order. specs holds, in call order, the context
+    sequences [0, num_context), the generation sequences (draft and plain mixed) up to
+    generation_end, the first-draft ones up to first_draft_end, the device ones after."""
+    cdef Py_ssize_t counters[6]
+    cdef Py_ssize_t index, row, seq
+    memset(counters, 0, sizeof(counters))
+    out.cu_seqlens[0] = 0
+    for index in range(num_context):
+        emit_seq(&specs[index], out, counters)
+    for index in range(num_context, generation_end):
+        if specs[index].kind == KIND_DRAFT:
+            emit_seq(&specs[index], out, counters)
+    for index in range(generation_end, first_draft_end):
+        emit_seq(&specs[index], out, counters)
+    for index in range(num_context, generation_end):
+        if specs[index].kind == KIND_PLAIN:
+            emit_seq(&specs[index], out, counters)
+    for index in range(first_draft_end, device_end):
+        emit_seq(&specs[index], out, counters)
+    row = counters[0]
+    seq = counters[1]
+    for index in range(num_padding):
+        out.input_ids[row] = 0
+        out.position_ids[row] = 0
+        out.seq_lens[seq] = 1
+        out.num_cached_tokens[seq] = 0
+        out.prompt_lens[seq] = 0
+        out.request_ids[seq] = -1
+        out.cu_seqlens[seq + 1] = <int32_t>(row + 1)
+        row += 1
+        seq += 1
+
+
+cdef inline Py_ssize_t int_arg(object value, str name) except? -1:
+    if type(value) is int:
+        return value
+    return _tokens.as_index(value, name)
+
+
+@cython.final
+cdef class InputWriter:
+    """Fills the input arrays of one iteration (hot loop 1); see DESIGN.md, "Hot loop 1".
+
+    ``bind(...)`` the eleven output arrays once, then per iteration ``prepare(...)``
+    (= ``plan`` + ``write``) returns the counts. ``tokcy.executor`` is the public face.
+    Not thread-safe: one writer per thread (a concurrent call raises RuntimeError).
+    """
+
+    cdef SeqSpec* _specs
+    cdef Py_ssize_t _capacity
+    cdef int64_t* _hash_keys
+    cdef unsigned char* _hash_used
+    cdef Py_ssize_t _hash_capacity
+    # the planned batch
+    cdef Py_ssize_t _num_specs, _num_context, _generation_end, _first_draft_end
+    cdef Py_ssize_t _num_padding, _num_context_tokens, _num_tokens, _num_gather
+    cdef Py_ssize_t _num_draft_tokens, _num_draft_requests, _num_device, _device_row_start
+    cdef bint _planned, _busy
+    # the bound outputs
+    cdef Outputs _out
+    cdef tuple _arrays
+    cdef Py_ssize_t _cap_tokens, _cap_gather, _cap_seqs, _cap_drafts, _cap_draft_requests, _cap_device
+    cdef readonly Py_ssize_t tokens_copied
+    """Token ids the last write copied from request buffers (debug counter: O(emitted))."""
+
+    def __cinit__(self):
+        self._specs = NULL
+        self._capacity = 0
+        self._hash_keys = NULL
+        self._hash_used = NULL
+        self._hash_capacity = 0
+        self._planned = False
+        self._busy = False
+        self._arrays = None
+        memset(&self._out, 0, sizeof(Outputs))
+
+    def __dealloc__(self):
+        self._release()
+        free(self._specs)
+        free(self._hash_keys)
+        free(self._hash_used)
+
+    # ------------------------------------------------------------------ outputs
+    def bind(self, int32_t[::1] input_ids, int32_t[::1] position_ids, int32_t[::1] gather_ids,
+             int32_t[::1] seq_lens, int32_t[::1] num_cached_tokens, int32_t[::1] prompt_lens,
+             int32_t[::1] cu_seqlens, int64_t[::1] request_ids, int32_t[::1] draft_tokens,
+             int32_t[::1] draft_lens, int32_t[::1] device_token_slots):
+        """Write into these contiguous arrays (int32, request_ids int64) from now on."""
+        if self._busy:
+            _checks.busy()
+        self._arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
+                        cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots)
+        self._out.input_ids = &input_ids[0] if input_ids.shape[0] else NULL
+        self._out.position_ids = &position_ids[0] if position_ids.shape[0] else NULL
+        self._out.gather_ids = &gather_ids[0] if gather_ids.shape[0] else NULL
+        self._out.seq_lens = &seq_lens[0] if seq_lens.shape[0] else NULL
+        self._out.num_cached_tokens = &num_cached_tokens[0] if num_cached_tokens.shape[0] else NULL
+        self._out.prompt_lens = &prompt_lens[0] if prompt_lens.shape[0] else NULL
+        self._out.cu_seqlens = &cu_seqlens[0] if cu_seqlens.shape[0] else NULL
+        self._out.request_ids = &request_ids[0] if request_ids.shape[0] else NULL
+        self._out.draft_tokens = &draft_tokens[0] if draft_tokens.shape[0] else NULL
+        self._out.draft_lens = &draft_lens[0] if draft_lens.shape[0] else NULL
+        self._out.device_token_slots = &device_token_slots[0] if device_token_slots.shape[0] else NULL
+        self._cap_tokens = min(input_ids.shape[0], position_ids.shape[0])
+        self._cap_gather = gather_ids.shape[0]
+        self._cap_seqs = min(seq_lens.shape[0], num_cached_tokens.shape[0], prompt_lens.shape[0],
+                             request_ids.shape[0], cu_seqlens.shape[0] - 1)
+        self._cap_drafts = draft_tokens.shape[0]
+        self._cap_draft_requests = draft_lens.shape[0]
+        self._cap_device = device_token_slots.shape[0]
+
+    # ------------------------------------------------------------------ scratch
+    cdef int _grow(self, Py_ssize_t needed) except -1:
+        cdef Py_ssize_t capacity = self._capacity
+        cdef SeqSpec* grown
+        if needed <= capacity:
+            return 0
+        capacity = max(needed, capacity * 2, 64)
+        grown = <SeqSpec*>realloc(self._specs, capacity * sizeof(SeqSpec))
+        if grown == NULL:
+            raise MemoryError()
+        self._specs = grown
+        self._capacity = capacity
+        return 0
+
+    cdef int _reset_hash(self, Py_ssize_t num_requests) except -1:
+        cdef Py_ssize_t capacity = 64
+        while capacity < 2 * num_requests:
+            capacity *= 2
+        if capacity > self._hash_capacity:
+            free(self._hash_keys)
+            free(self._hash_used)
+            self._hash_keys = NULL
+            self._hash_used = <unsigned char*>realloc(NULL, capacity)
+            self._hash_keys = <int64_t*>realloc(NULL, capacity * sizeof(int64_t))
+            if self._hash_keys == NULL or self._hash_used == NULL:
+                self._hash_capacity = 0
+                raise MemoryError()
+            self._hash_capacity = capacity
+        memset(self._hash_used, 0, self._hash_capacity)
+        return 0
+
+    cdef inline bint _seen(self, int64_t key) noexcept:
+        """Insert key; True if it was already there."""
+        cdef Py_ssize_t mask = self._hash_capacity - 1
+        cdef uint64_t h = (<uint64_t>key) * <uint64_t>0x9E3779B97F4A7C15
+        cdef Py_ssize_t index = <Py_ssize_t>(h >> 32) & mask
+        while self._hash_used[index]:
+            if self._hash_keys[index] == key:
+                return True
+            index = (index + 1) & mask
+        self._hash_used[index] = 1
+        self._hash_keys[index] = key
+        return False
+
+    cdef void _release(self) noexcept:
+        cdef Py_ssize_t index
+        for index in range(self._num_specs):
+            Py_XDECREF(self._specs[index].src_owner)
+            Py_XDECREF(self._specs[index].draft_owner)
+        self._num_specs = 0
+        self._planned = False
+
+    cdef inline SeqSpec* _add(self, Py_ssize_t extra_beams) except NULL:
+        if self._num_specs + 1 + extra_beams > self._capacity:
+            self._grow(self._num_specs + 1 + extra_beams)
+        return &self._specs[self._num_specs]
+
+    # ------------------------------------------------------------------ pass 1
+    cdef int _plan(self, object context_requests, object generation_requests, object first_draft_requests,
+                   object device_token_requests, Py_ssize_t max_draft_len, object cuda_graph_batch_sizes,
+                   Py_ssize_t max_beam_width) except -1:
+        cdef Request request
+        cdef Int32Buffer buffer
+        cdef SeqSpec* spec
+        cdef Py_ssize_t index, beam, n, start, chunk, k, num_sequences, best, size
+        cdef object item
+        if self._busy:
+            _checks.busy()
+        self._release()
+        contexts = context_requests if type(context_requests) in (list, tuple) else tuple(context_requests)
+        generations = generation_requests if type(generation_requests) in (list, tuple) else tuple(generation_requests)
+        first_drafts = first_draft_requests if type(first_draft_requests) in (list, tuple) else tuple(first_draft_requests)
+        devices = device_token_requests if type(device_token_requests) in (list, tuple) else tuple(device_token_requests)
+        self._reset_hash(len(contexts) + len(generations) + len(first_drafts) + len(devices))
+        self._grow(len(contexts) + len(generations) + len(first_drafts) + len(devices))
+        self._num_context_tokens = 0
+        self._num_tokens = 0
+        self._num_gather = 0
+        self._num_draft_tokens = 0
+        self._num_draft_requests = 0
+        self._num_device = 0
+        try:
+            # context chunks: beam 0 tokens [p, p + c)
+            index = 0
+            for item in contexts:
+                if not isinstance(item, Request):
+                    _checks.not_a_request(_checks.CONTEXT, index, item)
+                request = <Request>item
+                if self._seen(request._request_id):
+                    _checks.duplicate(request._request_id)
+                if request._state_code != 0:
+                    _checks.wrong_state(_checks.CONTEXT, request._request_id, request._state_code, 0)
+                chunk = request._chunk_size
+                start = request._context_position
+                if chunk <= 0:
+                    _checks.empty_chunk(request._request_id)
+                if start + chunk > request._prompt_len:
+                    _checks.chunk_past_prompt(request._request_id, start, chunk, request._prompt_len)
+                buffer = request._beam0
+                spec = self._add(0)
+                spec.src = buffer.data + start
+                spec.src_owner = <PyObject*>buffer.storage
+                Py_INCREF(buffer.storage)
+                spec.draft = NULL
+                spec.draft_owner = NULL
+                spec.ncopy = chunk
+                spec.ndraft = 0
+                spec.seq_len = chunk
+                spec.pos0 = start
+                spec.cached = start
+                spec.request_id = request._request_id
+                spec.prompt_len = <int32_t>request._prompt_len
+                spec.slot = -1
+                spec.gather = GATHER_LAST
+                spec.kind = KIND_CONTEXT
+                self._num_specs += 1
+                self._num_context_tokens += chunk
+                self._num_gather += 1
+                index += 1
+            self._num_context = self._num_specs
+            # generation: with drafts (one sequence of 1 + k rows) or plain (a row per beam)
+            index = 0
+            for item in generations:
+                if not isinstance(item, Request):
+                    _checks.not_a_request(_checks.GENERATION, index, item)
+                request = <Request>item
+                if self._seen(request._request_id):
+                    _checks.duplicate(request._request_id)
+                if request._state_code != 1:
+                    _checks.wrong_state(_checks.GENERATION, request._request_id, request._state_code, 1)
+                k = request._draft_tokens.size
+                if k:
+                    if request._beam_width != 1:
+                        _checks.needs_single_beam(_checks.GENERATION, request._request_id, request._beam_width)
+                    if k > max_draft_len:
+                        _checks.too_many_drafts(request._request_id, k, max_draft_len)
+                    buffer = request._beam0
+                    n = buffer.size
+                    if n == 0:
+                        _checks.no_tokens(_checks.GENERATION, request._request_id, 0)
+                    spec = self._add(0)
+                    spec.src = buffer.data + n - 1
+                    spec.src_owner = <PyObject*>buffer.storage
+                    Py_INCREF(buffer.storage)
+                    spec.draft = request._draft_tokens.data
+                    spec.draft_owner = <PyObject*>request._draft_tokens.storage
+                    Py_INCREF(request._draft_tokens.storage)
+                    spec.ncopy = 1
+                    spec.ndraft = k
+                    spec.seq_len = 1 + k
+                    spec.pos0 = n - 1
+                    spec.cached = n - 1
+                    spec.request_id = request._request_id
+                    spec.prompt_len = <int32_t>request._prompt_len
+                    spec.slot = -1
+                    spec.gather = GATHER_ALL
+                    spec.kind = KIND_DRAFT
+                    self._num_specs += 1
+                    self._num_tokens += 1 + k
+                    self._num_gather += 1 + k
+                    self._num_draft_tokens += k
+                    self._num_draft_requests += 1
+                else:
+                    if max_beam_width > 0 and request._beam_width > max_beam_width:
+                        _checks.too_many_beams(request._request_id, request._beam_width, max_beam_width)
+                    n = 0
+                    for beam in range(request._beam_width):
+                        buffer = <Int32Buffer>request._beams[beam]
+                        if buffer.size == 0:
+                            _checks.no_tokens(_checks.GENERATION, request._request_id, beam)
+                        if buffer.size > n:
+                            n = buffer.size
+                    self._add(request._beam_width - 1)
+                    for beam in range(request._beam_width):
+                        buffer = <Int32Buffer>request._beams[beam]
+                        spec = &self._specs[self._num_specs]
+                        spec.src = buffer.data + buffer.size - 1
+                        spec.src_owner = <PyObject*>buffer.storage
+                        Py_INCREF(buffer.storage)
+                        spec.draft = NULL
+                        spec.draft_owner = NULL
+                        spec.ncopy = 1
+                        spec.ndraft = 0
+                        spec.seq_len = 1
+                        spec.pos0 = n - 1
+                        spec.cached = n - 1
+                        spec.request_id = request._request_id
+                        spec.prompt_len = <int32_t>request._prompt_len
+                        spec.slot = -1
+                        spec.gather = GATHER_LAST
+                        spec.kind = KIND_PLAIN
+                        self._num_specs += 1
+                    self._num_tokens += request._beam_width
+                    self._num_gather += request._beam_width
+                index += 1
+            self._generation_end = self._num_specs
+            # first-draft requests: tokens [s, n), s = max(0, n - M - 1)
+            index = 0
+            for item in first_drafts:
+                if not isinstance(item, Request):
+                    _checks.not_a_request(_checks.FIRST_DRAFT, index, item)
+                request = <Request>item
+                if self._seen(request._request_id):
+                    _checks.duplicate(request._request_id)
+                if request._state_code != 1:
+                    _checks.wrong_state(_checks.FIRST_DRAFT, request._request_id, request._state_code, 1)
+                if request._beam_width != 1:
+                    _checks.needs_single_beam(_checks.FIRST_DRAFT, request._request_id, request._beam_width)
+                buffer = request._beam0
+                n = buffer.size
+                if n == 0:
+                    _checks.no_tokens(_checks.FIRST_DRAFT, request._request_id, 0)
+                start = n - max_draft_len - 1
+                if start < 0:
+                    start = 0
+                spec = self._add(0)
+                spec.src = buffer.data + start
+                spec.src_owner = <PyObject*>buffer.storage
+                Py_INCREF(buffer.storage)
+                spec.draft = NULL
+                spec.draft_owner = NULL
+                spec.ncopy = n - start
+                spec.ndraft = 0
+                spec.seq_len = n - start
+                spec.pos0 = start
+                spec.cached = start
+                spec.request_id = request._request_id
+                spec.prompt_len = <int32_t>request._prompt_len
+                spec.slot = -1
+                spec.gather = GATHER_LAST
+                spec.kind = KIND_FIRST_DRAFT
+                self._num_specs += 1
+                self._num_tokens += n - start
+                self._num_gather += 1
+                index += 1
+            self._first_draft_end = self._num_specs
+            # device-token requests: placeholder row at position n
+            index = 0
+            for item in devices:
+                if not isinstance(item, Request):
+                    _checks.not_a_request(_checks.DEVICE_TOKEN, index, item)
+                request = <Request>item
+                if self._seen(request._request_id):
+                    _checks.duplicate(request._request_id)
+                if request._state_code != 1:
+                    _checks.wrong_state(_checks.DEVICE_TOKEN, request._request_id, request._state_code, 1)
+                if request._beam_width != 1:
+                    _checks.needs_single_beam(_checks.DEVICE_TOKEN, request._request_id, request._beam_width)
+                if request._draft_tokens.size:
+                    _checks.device_with_drafts(request._request_id, request._draft_tokens.size)
+                if request._seq_slot == NO_SLOT:
+                    _checks.missing_slot(request._request_id)
+                n = request._beam0.size
+                spec = self._add(0)
+                spec.src = NULL
+                spec.src_owner = NULL
+                spec.draft = NULL
+                spec.draft_owner = NULL
+                spec.ncopy = 0
+                spec.ndraft = 0
+                spec.seq_len = 1
+                spec.pos0 = n
+                spec.cached = n
+                spec.request_id = request._request_id
+                spec.prompt_len = <int32_t>request._prompt_len
+                spec.slot = <int32_t>request._seq_slot
+                spec.gather = GATHER_LAST
+                spec.kind = KIND_DEVICE
+                self._num_specs += 1
+                self._num_device += 1
+                self._num_gather += 1
+                index += 1
+            # padding up to a CUDA-graph batch size (decode-only batches)
+            num_sequences = self._num_specs
+            self._num_padding = 0
+            if cuda_graph_batch_sizes is not None and self._num_context == 0 and len(first_drafts) == 0:
+                best = -1
+                for item in cuda_graph_batch_sizes:
+                    size = int_arg(item, "cuda_graph_batch_sizes")
+                    if size < 1:
+                        _checks.bad_batch_size(size)
+                    if size >= num_sequences and (best < 0 or size < best):
+                        best = size
+                if best < 0:
+                    _checks.no_padding_size(num_sequences, cuda_graph_batch_sizes)
+                self._num_padding = best - num_sequences
+        except BaseException:
+            self._release()
+            raise
+        self._device_row_start = self._num_context_tokens + self._num_tokens
+        self._num_tokens += self._num_context_tokens + self._num_device + self._num_padding
+        self.tokens_copied = self._num_tokens - self._num_device - self._num_padding
+        self._planned = True
+        return 0
+
+    def plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
+             Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width):
+        """Pass 1: validate the batch and return the sizes it needs: (token rows, gathered
+        rows, sequences incl. padding, draft tokens, draft requests, device-token rows)."""
+        self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                   max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+        return (self._num_tokens, self._num_gather, self._num_specs + self._num_padding,
+                self._num_draft_tokens, self._num_draft_requests, self._num_device)
+
+    # ------------------------------------------------------------------ pass 2
+    cdef tuple _write(self):
+        cdef Py_ssize_t padded, num_sequences
+        if not self._planned:
+            _checks.not_planned()
+        if self._arrays is None:
+            self._release()
+            _checks.not_bound()
+        padded = self._num_specs + self._num_padding
+        try:
+            if self._num_tokens > self._cap_tokens:
+                _checks.over_capacity("token rows", self._num_tokens, self._cap_tokens)
+            if self._num_gather > self._cap_gather:
+                _checks.over_capacity("gathered rows", self._num_gather, self._cap_gather)
+            if padded > self._cap_seqs:
+                _checks.over_capacity("sequences", padded, self._cap_seqs)
+            if self._num_draft_tokens > self._cap_drafts:
+                _checks.over_capacity("draft tokens", self._num_draft_tokens, self._cap_drafts)
+            if self._num_draft_requests > self._cap_draft_requests:
+                _checks.over_capacity("draft requests", self._num_draft_requests, self._cap_draft_requests)
+            if self._num_device > self._cap_device:
+                _checks.over_capacity("device-token rows", self._num_device, self._cap_device)
+            self._busy = True
+            with nogil:
+                fill_rows(self._specs, self._num_context, self._generation_end, self._first_draft_end,
+                          self._num_specs, self._num_padding, &self._out)
+        finally:
+            self._busy = False
+            num_sequences = self._num_specs
+            self._release()
+        return (
+            self._num_context,                                                  # num_context_requests
+            self._num_context_tokens,                                           # num_context_tokens
+            self._num_tokens - self._num_context_tokens - self._num_padding,    # num_generation_tokens
+            self._num_tokens,                                                   # num_tokens
+            num_sequences,                                                      # num_sequences
+            padded,                                                             # padded_batch_size
+            self._device_row_start,                                             # device_token_row_start
+            self._num_gather,
+            self._num_draft_tokens,
+            self._num_draft_requests,
+            self._num_device,
+        )
+
+    def write(self):
+        """Pass 2: write the planned batch into the bound arrays; returns the counts
+        (context requests, context tokens, generation tokens, tokens, sequences, padded
+        batch, device-token row start, gathered rows, draft tokens, draft requests,
+        device-token rows). ValueError, before anything is written, if it does not fit."""
+        return self._write()
+
+    def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
+                Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width):
+        """plan() then write(), in one call."""
+        self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                   max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+        return self._write()

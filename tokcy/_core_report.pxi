@@ -1,1 +1,500 @@
-# Hot loop 2: the KV-connector report (see DESIGN.md, "Hot loop 2"). Filled in by the connector work.
+# Hot loop 2: the KV-connector report (DESIGN.md, "Hot loop 2"), compiled.
+#
+# tokcy/_pure/report.py is the readable twin and documents the rules; this file is the
+# same algorithm with the per-request state in C:
+#
+# * ReportSlot: what one request has reported so far (beam-0 tokens, blocks per group,
+#   pause count at the last report, pending connector-matched tokens). Slots live in one
+#   growable C array with a free list; a C open-addressing hash table (linear probing,
+#   backward-shift deletion) maps request id -> slot, so the batch loop never creates a
+#   Python int (or any other object) per request.
+# * build(): pass 1, with the GIL, validates the whole batch and plans one copy job per
+#   token buffer and per block table (fresh slots inserted for never-seen ids are undone
+#   if anything fails); then the output arrays are allocated at their exact sizes; pass 2,
+#   without the GIL, memcpy's the deltas, commits the slots and resets the buffers'
+#   low-water marks. A failing call changes neither the manager nor any request.
+
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport free, malloc, realloc
+
+
+cdef struct ReportSlot:
+    int64_t request_id
+    int64_t stamp              # the build() call that last scheduled it (duplicate check)
+    Py_ssize_t num_tokens      # beam-0 tokens reported so far (the consumer's mirror length)
+    Py_ssize_t num_pauses      # the request's pause count at its last report
+    Py_ssize_t matched         # connector-supplied tokens to subtract on the next report
+    Py_ssize_t num_groups      # layer groups at the first report; 0 before any report
+    Py_ssize_t group_capacity  # entries allocated in num_blocks
+    Py_ssize_t* num_blocks     # blocks reported so far, per group
+    Py_ssize_t next_free       # free-list link while the slot is unused
+    bint live
+    bint reported              # False: the next report is a new request (never reported, or reset)
+
+
+cdef struct RowJob:
+    Py_ssize_t slot
+    int64_t request_id
+    int64_t position
+    int64_t scheduled
+    const int32_t* data        # beam-0 tokens
+    Py_ssize_t* dirty          # &beam0.dirty_from
+    Py_ssize_t begin
+    Py_ssize_t end
+    Py_ssize_t num_pauses
+    Py_ssize_t first_segment
+    Py_ssize_t num_groups
+    bint is_new
+
+
+cdef struct SegmentJob:
+    const int32_t* data        # block ids of one group
+    Py_ssize_t* dirty          # &table._buffer.dirty_from
+    Py_ssize_t begin
+    Py_ssize_t end
+    Py_ssize_t replaced
+    Py_ssize_t released
+
+
+cdef Py_ssize_t NO_ENTRY = -1
+
+
+cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:
+    # splitmix64 finaliser: consecutive ids spread over the table
+    cdef uint64_t x = <uint64_t>request_id
+    x = (x ^ (x >> 30)) * <uint64_t>0xbf58476d1ce4e5b9ULL
+    x = (x ^ (x >> 27)) * <uint64_t>0x94d049bb133111ebULL
+    return x ^ (x >> 31)
+
+
+cdef inline int64_t* int64_data(object array):
+    cdef int64_t[::1] memory = array
+    return &memory[0] if memory.shape[0] else NULL
+
+
+cdef inline int32_t* int32_data(object array):
+    cdef int32_t[::1] memory = array
+    return &memory[0] if memory.shape[0] else NULL
+
+
+cdef inline unsigned char* bool_data(object array):
+    cdef unsigned char[::1] memory = array.view(np.uint8)
+    return &memory[0] if memory.shape[0] else NULL
+
+
+@cython.final
+cdef class ReportState:
+    """Per-request report state of one ``tokcy.connector.SchedulerOutputManager`` and its batch loop."""
+
+    cdef ReportSlot* slots
+    cdef Py_ssize_t slot_capacity
+    cdef Py_ssize_t num_slots_used      # slots ever handed out (high-water mark)
+    cdef Py_ssize_t free_head
+    cdef Py_ssize_t num_live
+    cdef Py_ssize_t* index              # hash table: slot number or NO_ENTRY
+    cdef Py_ssize_t index_capacity      # a power of two, kept at least twice num_live
+    cdef int64_t stamp
+    cdef RowJob* rows
+    cdef Py_ssize_t row_capacity
+    cdef SegmentJob* segments
+    cdef Py_ssize_t segment_capacity
+    cdef Py_ssize_t* fresh              # slots inserted by the current build(), undone on failure
+
+    def __cinit__(self):
+        self.free_head = NO_ENTRY
+        self._grow_index(64)
+
+    def __dealloc__(self):
+        cdef Py_ssize_t number
+        if self.slots != NULL:
+            for number in range(self.num_slots_used):
+                free(self.slots[number].num_blocks)
+        free(self.slots)
+        free(self.index)
+        free(self.rows)
+        free(self.segments)
+        free(self.fresh)
+
+    # ------------------------------------------------------------------ hash table
+    cdef int _grow_index(self, Py_ssize_t capacity) except -1:
+        cdef Py_ssize_t* index = <Py_ssize_t*>malloc(capacity * sizeof(Py_ssize_t))
+        cdef Py_ssize_t position, number, number_position, mask = capacity - 1
+        if index == NULL:
+            raise MemoryError()
+        for position in range(capacity):
+            index[position] = NO_ENTRY
+        for position in range(self.index_capacity):
+            number = self.index[position]
+            if number != NO_ENTRY:
+                number_position = hash_request_id(self.slots[number].request_id) & mask
+                while index[number_position] != NO_ENTRY:
+                    number_position = (number_position + 1) & mask
+                index[number_position] = number
+        free(self.index)
+        self.index = index
+        self.index_capacity = capacity
+        return 0
+
+    cdef inline Py_ssize_t _probe(self, int64_t request_id) noexcept nogil:
+        """The index position holding ``request_id``, or the empty one where it would go."""
+        cdef Py_ssize_t mask = self.index_capacity - 1
+        cdef Py_ssize_t position = hash_request_id(request_id) & mask
+        cdef Py_ssize_t number
+        while True:
+            number = self.index[position]
+            if number == NO_ENTRY or self.slots[number].request_id == request_id:
+                return position
+            position = (position + 1) & mask
+
+    cdef inline Py_ssize_t _find(self, int64_t request_id) noexcept nogil:
+        return self.index[self._probe(request_id)]
+
+    cdef Py_ssize_t _insert(self, int64_t request_id) except -1:
+        """A fresh, never-reported slot for ``request_id`` (which must not be present)."""
+        cdef Py_ssize_t number
+        cdef ReportSlot* slots
+        cdef ReportSlot* slot
+        if 2 * (self.num_live + 1) > self.index_capacity:
+            self._grow_index(2 * self.index_capacity)
+        if self.free_head != NO_ENTRY:
+            number = self.free_head
+            self.free_head = self.slots[number].next_free
+        else:
+            if self.num_slots_used == self.slot_capacity:
+                slots = <ReportSlot*>realloc(self.slots, grown_capacity(self.slot_capacity, self.slot_capacity + 1) * sizeof(ReportSlot))
+                if slots == NULL:
+                    raise MemoryError()
+                self.slots = slots
+                self.slot_capacity = grown_capacity(self.slot_capacity, self.slot_capacity + 1)
+            number = self.num_slots_used
+            self.num_slots_used += 1
+            self.slots[number].num_blocks = NULL
+            self.slots[number].group_capacity = 0
+        slot = &self.slots[number]
+        slot.request_id = request_id
+        slot.stamp = 0
+        slot.num_tokens = 0
+        slot.num_pauses = 0
+        slot.matched = 0
+        slot.num_groups = 0
+        slot.next_free = NO_ENTRY
+        slot.live = True
+        slot.reported = False
+        self.index[self._probe(request_id)] = number
+        self.num_live += 1
+        return number
+
+    cdef void _remove(self, int64_t request_id) noexcept:
+        cdef Py_ssize_t mask = self.index_capacity - 1
+        cdef Py_ssize_t hole = self._probe(request_id)
+        cdef Py_ssize_t number = self.index[hole]
+        cdef Py_ssize_t position = hole, home, moved
+        if number == NO_ENTRY:
+            return
+        self.index[hole] = NO_ENTRY
+        while True:  # backward-shift deletion: no tombstones, probes stay short
+            position = (position + 1) & mask
+            moved = self.index[position]
+            if moved == NO_ENTRY:
+                break
+            home = hash_request_id(self.slots[moved].request_id) & mask
+            # leave the entry if its home lies cyclically in (hole, position]
+            if (hole < position and hole < home <= position) or (
+                position < hole and (home > hole or home <= position)
+            ):
+                continue
+            self.index[hole] = moved
+            self.index[position] = NO_ENTRY
+            hole = position
+        free(self.slots[number].num_blocks)
+        self.slots[number].num_blocks = NULL
+        self.slots[number].group_capacity = 0
+        self.slots[number].live = False
+        self.slots[number].next_free = self.free_head
+        self.free_head = number
+        self.num_live -= 1
+
+    # ------------------------------------------------------------------ scratch space
+    cdef int _reserve_rows(self, Py_ssize_t count) except -1:
+        cdef RowJob* rows
+        cdef Py_ssize_t* fresh
+        cdef Py_ssize_t capacity
+        if count > self.row_capacity:
+            capacity = grown_capacity(self.row_capacity, count)
+            rows = <RowJob*>realloc(self.rows, capacity * sizeof(RowJob))
+            if rows == NULL:
+                raise MemoryError()
+            self.rows = rows
+            fresh = <Py_ssize_t*>realloc(self.fresh, capacity * sizeof(Py_ssize_t))
+            if fresh == NULL:
+                raise MemoryError()
+            self.fresh = fresh
+            self.row_capacity = capacity
+        return 0
+
+    cdef int _reserve_segments(self, Py_ssize_t count) except -1:
+        cdef SegmentJob* segments
+        cdef Py_ssize_t capacity
+        if count > self.segment_capacity:
+            capacity = grown_capacity(self.segment_capacity, count)
+            segments = <SegmentJob*>realloc(self.segments, capacity * sizeof(SegmentJob))
+            if segments == NULL:
+                raise MemoryError()
+            self.segments = segments
+            self.segment_capacity = capacity
+        return 0
+
+    cdef int _reserve_groups(self, Py_ssize_t number, Py_ssize_t num_groups) except -1:
+        cdef ReportSlot* slot = &self.slots[number]
+        cdef Py_ssize_t* counts
+        if num_groups > slot.group_capacity:
+            counts = <Py_ssize_t*>realloc(slot.num_blocks, num_groups * sizeof(Py_ssize_t))
+            if counts == NULL:
+                raise MemoryError()
+            slot.num_blocks = counts
+            slot.group_capacity = num_groups
+        return 0
+
+    # ------------------------------------------------------------------ public calls
+    def build(self, context_requests, generation_requests):
+        """Report one iteration; returns the columnar arrays (see tokcy.connector.SchedulerOutput)."""
+        cdef list context = list(context_requests)
+        cdef list generation = list(generation_requests)
+        cdef Py_ssize_t num_context = len(context)
+        cdef Py_ssize_t batch = num_context + len(generation)
+        cdef Py_ssize_t row, group, number, num_groups, num_fresh = 0
+        cdef Py_ssize_t total_tokens = 0, total_segments = 0, total_blocks = 0
+        cdef Py_ssize_t begin, reported, size
+        cdef int64_t* out_request_ids
+        cdef unsigned char* out_is_new
+        cdef int64_t* out_positions
+        cdef int64_t* out_scheduled
+        cdef int64_t* out_replaced_tokens
+        cdef int64_t* out_token_offsets
+        cdef int32_t* out_tokens
+        cdef int64_t* out_group_offsets
+        cdef int64_t* out_block_offsets
+        cdef int32_t* out_block_ids
+        cdef int64_t* out_replaced_blocks
+        cdef int64_t* out_released_blocks
+        cdef Request request
+        cdef BlockTable table
+        cdef Int32Buffer buffer
+        cdef RowJob* job
+        cdef SegmentJob* part
+        cdef ReportSlot* slot
+        cdef int64_t stamp
+        self._reserve_rows(batch)
+        self.stamp += 1
+        stamp = self.stamp
+        try:
+            # pass 1: validate the whole batch and plan the copies; nothing is committed
+            for row in range(batch):
+                item = context[row] if row < num_context else generation[row - num_context]
+                if not isinstance(item, Request):
+                    name = "context_requests" if row < num_context else "generation_requests"
+                    position = row if row < num_context else row - num_context
+                    raise TypeError(f"{name}[{position}] must be a Request, not {type(item).__name__}")
+                request = <Request>item
+                if request._state_code == 2:
+                    raise ValueError(
+                        f"request {request._request_id} is finished (GENERATION_COMPLETE) and cannot be scheduled"
+                    )
+                number = self._find(request._request_id)
+                if number == NO_ENTRY:
+                    number = self._insert(request._request_id)
+                    self.fresh[num_fresh] = number
+                    num_fresh += 1
+                slot = &self.slots[number]
+                if slot.stamp == stamp:
+                    raise ValueError(f"request {request._request_id} is scheduled more than once in this call")
+                slot.stamp = stamp
+                num_groups = len(request._block_tables)
+                if slot.num_groups and slot.num_groups != num_groups:
+                    raise ValueError(
+                        f"request {request._request_id} has {num_groups} layer groups but its earlier reports "
+                        f"had {slot.num_groups}"
+                    )
+                self._reserve_groups(number, num_groups)
+                self._reserve_segments(total_segments + num_groups)
+                slot = &self.slots[number]
+                job = &self.rows[row]
+                job.slot = number
+                job.request_id = request._request_id
+                job.is_new = not slot.reported or slot.num_pauses != request._num_pauses
+                job.num_pauses = request._num_pauses
+                buffer = request._beam0
+                size = buffer.size
+                begin = 0
+                if not job.is_new:
+                    begin = slot.num_tokens if slot.num_tokens < buffer.dirty_from else buffer.dirty_from
+                    if begin > size:
+                        begin = size
+                job.data = buffer.data
+                job.dirty = &buffer.dirty_from
+                job.begin = begin
+                job.end = size
+                total_tokens += size - begin
+                if row < num_context:
+                    job.position = request._context_position - slot.matched
+                    job.scheduled = request._chunk_size
+                else:
+                    job.position = size - 1 - slot.matched
+                    job.scheduled = 1 + request._draft_tokens.size
+                job.first_segment = total_segments
+                job.num_groups = num_groups
+                for group in range(num_groups):
+                    table = <BlockTable>request._block_tables[group]
+                    buffer = table._buffer
+                    size = buffer.size
+                    reported = 0
+                    begin = 0
+                    if not job.is_new:
+                        reported = slot.num_blocks[group]
+                        begin = reported if reported < buffer.dirty_from else buffer.dirty_from
+                        if begin > size:
+                            begin = size
+                    part = &self.segments[total_segments]
+                    part.data = buffer.data
+                    part.dirty = &buffer.dirty_from
+                    part.begin = begin
+                    part.end = size
+                    part.replaced = reported - begin
+                    part.released = table._num_released
+                    total_segments += 1
+                    total_blocks += size - begin
+            request_ids = np.empty(batch, dtype=np.int64)
+            is_new = np.empty(batch, dtype=np.bool_)
+            positions = np.empty(batch, dtype=np.int64)
+            scheduled = np.empty(batch, dtype=np.int64)
+            replaced_tokens = np.empty(batch, dtype=np.int64)
+            token_offsets = np.empty(batch + 1, dtype=np.int64)
+            tokens = np.empty(total_tokens, dtype=np.int32)
+            group_offsets = np.empty(batch + 1, dtype=np.int64)
+            block_offsets = np.empty(total_segments + 1, dtype=np.int64)
+            block_ids = np.empty(total_blocks, dtype=np.int32)
+            replaced_blocks = np.empty(total_segments, dtype=np.int64)
+            released_blocks = np.empty(total_segments, dtype=np.int64)
+        except BaseException:
+            while num_fresh:
+                num_fresh -= 1
+                self._remove(self.slots[self.fresh[num_fresh]].request_id)
+            raise
+        out_request_ids = int64_data(request_ids)
+        out_is_new = bool_data(is_new)
+        out_positions = int64_data(positions)
+        out_scheduled = int64_data(scheduled)
+        out_replaced_tokens = int64_data(replaced_tokens)
+        out_token_offsets = int64_data(token_offsets)
+        out_tokens = int32_data(tokens)
+        out_group_offsets = int64_data(group_offsets)
+        out_block_offsets = int64_data(block_offsets)
+        out_block_ids = int32_data(block_ids)
+        out_replaced_blocks = int64_data(replaced_blocks)
+        out_released_blocks = int64_data(released_blocks)
+        with nogil:
+            self._write(
+                batch, out_request_ids, out_is_new, out_positions, out_scheduled, out_replaced_tokens,
+                out_token_offsets, out_tokens, out_group_offsets, out_block_offsets, out_block_ids,
+                out_replaced_blocks, out_released_blocks,
+            )
+        return (
+            request_ids,
+            is_new,
+            positions,
+            scheduled,
+            replaced_tokens,
+            token_offsets,
+            tokens,
+            group_offsets,
+            block_offsets,
+            block_ids,
+            replaced_blocks,
+            released_blocks,
+        )
+
+    cdef void _write(
+        self,
+        Py_ssize_t batch,
+        int64_t* request_ids,
+        unsigned char* is_new,
+        int64_t* positions,
+        int64_t* scheduled,
+        int64_t* replaced_tokens,
+        int64_t* token_offsets,
+        int32_t* tokens,
+        int64_t* group_offsets,
+        int64_t* block_offsets,
+        int32_t* block_ids,
+        int64_t* replaced_blocks,
+        int64_t* released_blocks,
+    ) noexcept nogil:
+        """Pass 2: copy the planned deltas and commit; nothing here can fail."""
+        cdef Py_ssize_t row, group, count, segment, token_offset = 0, block_offset = 0
+        cdef RowJob* job
+        cdef SegmentJob* part
+        cdef ReportSlot* slot
+        token_offsets[0] = 0
+        group_offsets[0] = 0
+        block_offsets[0] = 0
+        for row in range(batch):
+            job = &self.rows[row]
+            slot = &self.slots[job.slot]
+            request_ids[row] = job.request_id
+            is_new[row] = job.is_new
+            positions[row] = job.position
+            scheduled[row] = job.scheduled
+            replaced_tokens[row] = 0 if job.is_new else slot.num_tokens - job.begin
+            count = job.end - job.begin
+            if count:
+                memcpy(tokens + token_offset, job.data + job.begin, count * sizeof(int32_t))
+            token_offset += count
+            token_offsets[row + 1] = token_offset
+            job.dirty[0] = job.end
+            slot.num_tokens = job.end
+            slot.num_pauses = job.num_pauses
+            slot.matched = 0
+            slot.reported = True
+            slot.num_groups = job.num_groups
+            for group in range(job.num_groups):
+                segment = job.first_segment + group
+                part = &self.segments[segment]
+                count = part.end - part.begin
+                if count:
+                    memcpy(block_ids + block_offset, part.data + part.begin, count * sizeof(int32_t))
+                block_offset += count
+                block_offsets[segment + 1] = block_offset
+                replaced_blocks[segment] = part.replaced
+                released_blocks[segment] = part.released
+                part.dirty[0] = part.end
+                slot.num_blocks[group] = part.end
+            group_offsets[row + 1] = job.first_segment + job.num_groups
+
+    def record_matched_tokens(self, request_id, num_tokens):
+        cdef int64_t key = _tokens.as_index(request_id, "request_id")
+        cdef Py_ssize_t count = _tokens.as_index(num_tokens, "num_tokens")
+        cdef Py_ssize_t number
+        if count < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {count}")
+        number = self._find(key)
+        if number == NO_ENTRY:
+            number = self._insert(key)
+        self.slots[number].matched = count
+
+    def reset_request(self, request_id):
+        cdef int64_t key = _tokens.as_index(request_id, "request_id")
+        cdef Py_ssize_t number = self._find(key)
+        if number != NO_ENTRY:
+            self.slots[number].reported = False
+
+    def request_finished(self, request_id):
+        cdef int64_t key = _tokens.as_index(request_id, "request_id")
+        self._remove(key)
+
+    @property
+    def num_tracked_requests(self):
+        return self.num_live
+
+    def tracked_request_ids(self):
+        cdef Py_ssize_t number
+        return sorted([self.slots[number].request_id for number in range(self.num_slots_used) if self.slots[number].live])

@@ -117,13 +117,18 @@ cdef class BlockTable:
 
     def release_front(self, Py_ssize_t num_released):
         """Mark the first ``num_released`` entries -1; the count may grow, never shrink."""
+        cdef Py_ssize_t dirty_from
         if num_released < self._num_released:
             raise ValueError(
                 f"num_released {num_released} is below the {self._num_released} blocks already released"
             )
         if num_released > self._buffer.size:
             raise ValueError(f"num_released {num_released} exceeds the {self._buffer.size} blocks in the table")
+        # The connector reports releases through the count (num_released), not as rewritten
+        # ids: keep the buffer's low-water mark where it was.
+        dirty_from = self._buffer.dirty_from
         self._buffer.fill(self._num_released, num_released, -1)
+        self._buffer.dirty_from = dirty_from
         self._num_released = num_released
 
     @property

@@ -1,3 +1,251 @@
-"""Hot loop 1, input preparation, in plain Python/numpy (filled in by the executor work)."""
+"""Hot loop 1, input preparation, in plain Python/numpy: the readable twin of
+``tokcy/_core_prepare.pxi`` (same algorithm, same errors from ``tokcy._prepare_checks``).
 
-__all__ = []
+Pass 1 validates the batch and records one spec per emitted sequence; pass 2 writes the
+rows in DESIGN.md order. Tokens are copied as numpy slices of the buffers' storage, so
+the cost is O(batch + emitted tokens), never O(sequence length).
+"""
+
+import numpy as np
+
+from tokcy import _prepare_checks as _checks
+from tokcy._pure.request import Request
+from tokcy._state import RequestState
+from tokcy._tokens import as_index
+
+__all__ = ["InputWriter"]
+
+_CONTEXT, _DRAFT, _FIRST_DRAFT, _PLAIN, _DEVICE = range(5)
+_GATHER_LAST, _GATHER_ALL = 1, 2
+_CONTEXT_INIT = int(RequestState.CONTEXT_INIT)
+_IN_PROGRESS = int(RequestState.GENERATION_IN_PROGRESS)
+
+
+def _as_int(value, name):
+    return value if type(value) is int else as_index(value, name)
+
+
+def _check_request(item, group, index, seen, expected_state):
+    if not isinstance(item, Request):
+        _checks.not_a_request(group, index, item)
+    request_id = item._request_id
+    if request_id in seen:
+        _checks.duplicate(request_id)
+    seen.add(request_id)
+    state = int(item._state)
+    if state != expected_state:
+        _checks.wrong_state(group, request_id, state, expected_state)
+    return request_id
+
+
+class InputWriter:
+    """Fills the input arrays of one iteration (hot loop 1); see DESIGN.md, "Hot loop 1".
+
+    ``bind(...)`` the eleven output arrays once, then per iteration ``prepare(...)``
+    (= ``plan`` + ``write``) returns the counts. ``tokcy.executor`` is the public face.
+    """
+
+    def __init__(self):
+        self._arrays = None
+        self._plan_state = None
+        self.tokens_copied = 0
+
+    def bind(self, input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
+             cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots):
+        """Write into these contiguous arrays (int32, request_ids int64) from now on."""
+        arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
+                  cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots)
+        for position, array in enumerate(arrays):
+            dtype = np.int64 if position == 7 else np.int32
+            if not isinstance(array, np.ndarray):
+                raise TypeError(f"bind() argument {position + 1} must be a numpy array, not {type(array).__name__}")
+            if array.dtype != dtype or array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
+                raise ValueError(f"bind() argument {position + 1} must be a writable contiguous 1-D {np.dtype(dtype)} array")
+        self._arrays = arrays
+        self._cap_tokens = min(len(input_ids), len(position_ids))
+        self._cap_gather = len(gather_ids)
+        self._cap_seqs = min(len(seq_lens), len(num_cached_tokens), len(prompt_lens), len(request_ids),
+                             len(cu_seqlens) - 1)
+        self._cap_drafts = len(draft_tokens)
+        self._cap_draft_requests = len(draft_lens)
+        self._cap_device = len(device_token_slots)
+
+    # ------------------------------------------------------------------ pass 1
+    def plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
+             max_draft_len, cuda_graph_batch_sizes, max_beam_width):
+        """Pass 1: validate the batch and return the sizes it needs: (token rows, gathered
+        rows, sequences incl. padding, draft tokens, draft requests, device-token rows)."""
+        max_draft_len = as_index(max_draft_len)
+        max_beam_width = as_index(max_beam_width)
+        self._plan_state = None
+        seen = set()
+        # spec: (kind, source array, begin, ncopy, draft array, seq_len, pos0, cached, request id, prompt len, slot)
+        context, drafted, first_draft, plain, device = [], [], [], [], []
+        num_gather = 0
+        for index, item in enumerate(context_requests):
+            request_id = _check_request(item, _checks.CONTEXT, index, seen, _CONTEXT_INIT)
+            chunk, start = item._chunk_size, item._context_position
+            if chunk <= 0:
+                _checks.empty_chunk(request_id)
+            if start + chunk > item._prompt_len:
+                _checks.chunk_past_prompt(request_id, start, chunk, item._prompt_len)
+            context.append((_CONTEXT, item._beams[0].storage, start, chunk, None, chunk, start, start,
+                            request_id, item._prompt_len, -1))
+            num_gather += 1
+        for index, item in enumerate(generation_requests):
+            request_id = _check_request(item, _checks.GENERATION, index, seen, _IN_PROGRESS)
+            beams = item._beams
+            drafts = item._draft_tokens
+            k = len(drafts)
+            if k:
+                if len(beams) != 1:
+                    _checks.needs_single_beam(_checks.GENERATION, request_id, len(beams))
+                if k > max_draft_len:
+                    _checks.too_many_drafts(request_id, k, max_draft_len)
+                n = beams[0].size
+                if n == 0:
+                    _checks.no_tokens(_checks.GENERATION, request_id, 0)
+                drafted.append((_DRAFT, beams[0].storage, n - 1, 1, drafts, 1 + k, n - 1, n - 1,
+                                request_id, item._prompt_len, -1))
+                num_gather += 1 + k
+            else:
+                if max_beam_width > 0 and len(beams) > max_beam_width:
+                    _checks.too_many_beams(request_id, len(beams), max_beam_width)
+                for beam, buffer in enumerate(beams):
+                    if buffer.size == 0:
+                        _checks.no_tokens(_checks.GENERATION, request_id, beam)
+                n = max(buffer.size for buffer in beams)
+                for buffer in beams:
+                    plain.append((_PLAIN, buffer.storage, buffer.size - 1, 1, None, 1, n - 1, n - 1,
+                                  request_id, item._prompt_len, -1))
+                num_gather += len(beams)
+        for index, item in enumerate(first_draft_requests):
+            request_id = _check_request(item, _checks.FIRST_DRAFT, index, seen, _IN_PROGRESS)
+            if len(item._beams) != 1:
+                _checks.needs_single_beam(_checks.FIRST_DRAFT, request_id, len(item._beams))
+            n = item._beams[0].size
+            if n == 0:
+                _checks.no_tokens(_checks.FIRST_DRAFT, request_id, 0)
+            start = max(0, n - max_draft_len - 1)
+            first_draft.append((_FIRST_DRAFT, item._beams[0].storage, start, n - start, None, n - start, start,
+                                start, request_id, item._prompt_len, -1))
+            num_gather += 1
+        for index, item in enumerate(device_token_requests):
+            request_id = _check_request(item, _checks.DEVICE_TOKEN, index, seen, _IN_PROGRESS)
+            if len(item._beams) != 1:
+                _checks.needs_single_beam(_checks.DEVICE_TOKEN, request_id, len(item._beams))
+            if len(item._draft_tokens):
+                _checks.device_with_drafts(request_id, len(item._draft_tokens))
+            if item._seq_slot is None:
+                _checks.missing_slot(request_id)
+            n = item._beams[0].size
+            device.append((_DEVICE, None, 0, 0, None, 1, n, n, request_id, item._prompt_len, item._seq_slot))
+            num_gather += 1
+        specs = context + drafted + first_draft + plain + device
+        num_padding = 0
+        if cuda_graph_batch_sizes is not None and not context and not first_draft:
+            best = -1
+            for item in cuda_graph_batch_sizes:
+                size = _as_int(item, "cuda_graph_batch_sizes")
+                if size < 1:
+                    _checks.bad_batch_size(size)
+                if size >= len(specs) and (best < 0 or size < best):
+                    best = size
+            if best < 0:
+                _checks.no_padding_size(len(specs), cuda_graph_batch_sizes)
+            num_padding = best - len(specs)
+        num_context_tokens = sum(spec[5] for spec in context)
+        num_tokens = sum(spec[5] for spec in specs) + num_padding
+        num_draft_tokens = sum(spec[5] - 1 for spec in drafted)
+        self.tokens_copied = num_tokens - len(device) - num_padding
+        self._plan_state = (specs, len(context), num_context_tokens, num_tokens, num_gather, num_padding,
+                            num_draft_tokens, len(drafted), len(device),
+                            num_context_tokens + sum(spec[5] for spec in drafted + first_draft + plain))
+        return (num_tokens, num_gather, len(specs) + num_padding, num_draft_tokens, len(drafted), len(device))
+
+    # ------------------------------------------------------------------ pass 2
+    def write(self):
+        """Pass 2: write the planned batch into the bound arrays; returns the counts
+        (context requests, context tokens, generation tokens, tokens, sequences, padded
+        batch, device-token row start, gathered rows, draft tokens, draft requests,
+        device-token rows). ValueError, before anything is written, if it does not fit."""
+        if self._plan_state is None:
+            _checks.not_planned()
+        plan, self._plan_state = self._plan_state, None
+        if self._arrays is None:
+            _checks.not_bound()
+        (specs, num_context, num_context_tokens, num_tokens, num_gather, num_padding,
+         num_draft_tokens, num_draft_requests, num_device, device_row_start) = plan
+        num_sequences = len(specs)
+        padded = num_sequences + num_padding
+        if num_tokens > self._cap_tokens:
+            _checks.over_capacity("token rows", num_tokens, self._cap_tokens)
+        if num_gather > self._cap_gather:
+            _checks.over_capacity("gathered rows", num_gather, self._cap_gather)
+        if padded > self._cap_seqs:
+            _checks.over_capacity("sequences", padded, self._cap_seqs)
+        if num_draft_tokens > self._cap_drafts:
+            _checks.over_capacity("draft tokens", num_draft_tokens, self._cap_drafts)
+        if num_draft_requests > self._cap_draft_requests:
+            _checks.over_capacity("draft requests", num_draft_requests, self._cap_draft_requests)
+        if num_device > self._cap_device:
+            _checks.over_capacity("device-token rows", num_device, self._cap_device)
+        (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
+         request_ids, draft_tokens, draft_lens, device_token_slots) = self._arrays
+
+        # per-sequence columns, one numpy assignment each
+        lens = [spec[5] for spec in specs] + [1] * num_padding
+        seq_lens[:padded] = lens
+        num_cached_tokens[:padded] = [spec[7] for spec in specs] + [0] * num_padding
+        prompt_lens[:padded] = [spec[9] for spec in specs] + [0] * num_padding
+        request_ids[:padded] = [spec[8] for spec in specs] + [-1] * num_padding
+        cu_seqlens[0] = 0
+        np.cumsum(seq_lens[:padded], out=cu_seqlens[1 : padded + 1])
+        starts = cu_seqlens[:padded]
+        # positions: pos0 + offset within the sequence; padding rows sit at 0
+        pos0 = np.array([spec[6] for spec in specs] + [0] * num_padding, dtype=np.int64)
+        lengths = np.array(lens, dtype=np.int64)
+        position_ids[:num_tokens] = np.repeat(pos0 - starts, lengths) + np.arange(num_tokens)
+        # tokens: a slice copy per multi-token sequence, one fancy assignment for the rest
+        single_rows, single_tokens = [], []
+        gathered = []
+        draft_offset = 0
+        draft_index = 0
+        device_index = 0
+        for index, spec in enumerate(specs):
+            kind, source, begin, ncopy, drafts, seq_len = spec[:6]
+            row = int(starts[index])
+            if ncopy == 1:
+                single_rows.append(row)
+                single_tokens.append(source[begin])
+            elif ncopy:
+                input_ids[row : row + ncopy] = source[begin : begin + ncopy]
+            if kind == _DRAFT:
+                k = seq_len - 1
+                input_ids[row + 1 : row + seq_len] = drafts
+                draft_tokens[draft_offset : draft_offset + k] = drafts
+                draft_lens[draft_index] = k
+                draft_offset += k
+                draft_index += 1
+                gathered.extend(range(row, row + seq_len))
+            else:
+                gathered.append(row + seq_len - 1)
+            if kind == _DEVICE:
+                input_ids[row] = 0
+                device_token_slots[device_index] = spec[10]
+                device_index += 1
+        if single_rows:
+            input_ids[single_rows] = single_tokens
+        if num_padding:
+            input_ids[num_tokens - num_padding : num_tokens] = 0
+        gather_ids[:num_gather] = gathered
+        return (num_context, num_context_tokens, num_tokens - num_context_tokens - num_padding, num_tokens,
+                num_sequences, padded, device_row_start, num_gather, num_draft_tokens, num_draft_requests,
+                num_device)
+
+    def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
+                max_draft_len, cuda_graph_batch_sizes, max_beam_width):
+        """plan() then write(), in one call."""
+        self.plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                  max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+        return self.write()

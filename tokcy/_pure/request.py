@@ -109,7 +109,11 @@ class BlockTable:
             )
         if num_released > self._buffer.size:
             raise ValueError(f"num_released {num_released} exceeds the {self._buffer.size} blocks in the table")
+        # The connector reports releases through the count (num_released), not as rewritten
+        # ids: keep the buffer's low-water mark where it was.
+        dirty_from = self._buffer.dirty_from
         self._buffer.fill(self._num_released, num_released, -1)
+        self._buffer.dirty_from = dirty_from
         self._num_released = num_released
 
     @property

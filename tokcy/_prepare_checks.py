@@ -1,0 +1,96 @@
+"""Errors of hot loop 1 (input preparation), shared by both backends.
+
+The compiled core calls these only on its slow path, so a bad batch raises the same
+exception with the same message whichever backend is live. Each function raises.
+"""
+
+from tokcy._state import RequestState
+
+CONTEXT = "context_requests"
+GENERATION = "generation_requests"
+FIRST_DRAFT = "first_draft_requests"
+DEVICE_TOKEN = "device_token_requests"
+
+
+def _state_name(code):
+    try:
+        return RequestState(code).name
+    except ValueError:
+        return str(code)
+
+
+def not_a_request(group, index, obj):
+    raise TypeError(f"{group}[{index}] must be a tokcy Request, not {type(obj).__name__}")
+
+
+def duplicate(request_id):
+    raise ValueError(f"request {request_id} is given twice in the batch")
+
+
+def wrong_state(group, request_id, state_code, expected_code):
+    raise ValueError(
+        f"request {request_id} in {group} must be in state {_state_name(expected_code)}, "
+        f"but it is {_state_name(state_code)}"
+    )
+
+
+def empty_chunk(request_id):
+    raise ValueError(f"context request {request_id} has an empty chunk (context_chunk_size is 0)")
+
+
+def chunk_past_prompt(request_id, position, chunk, prompt_len):
+    raise ValueError(
+        f"context request {request_id}: chunk [{position}, {position + chunk}) runs past its prompt of {prompt_len} tokens"
+    )
+
+
+def needs_single_beam(group, request_id, beam_width):
+    raise ValueError(f"request {request_id} in {group} has beam_width {beam_width}, but those rows need beam_width 1")
+
+
+def too_many_beams(request_id, beam_width, max_beam_width):
+    raise ValueError(f"request {request_id} has beam_width {beam_width}, above max_beam_width {max_beam_width}")
+
+
+def too_many_drafts(request_id, num_drafts, max_draft_len):
+    raise ValueError(f"request {request_id} has {num_drafts} draft tokens, above max_draft_len {max_draft_len}")
+
+
+def device_with_drafts(request_id, num_drafts):
+    raise ValueError(
+        f"request {request_id} in {DEVICE_TOKEN} carries {num_drafts} draft tokens; device-token rows take none"
+    )
+
+
+def missing_slot(request_id):
+    raise ValueError(f"request {request_id} in {DEVICE_TOKEN} has no seq_slot")
+
+
+def no_tokens(group, request_id, beam):
+    raise ValueError(f"request {request_id} in {group} has no tokens in beam {beam}")
+
+
+def bad_batch_size(value):
+    raise ValueError(f"cuda_graph_batch_sizes entries must be >= 1, got {value}")
+
+
+def no_padding_size(num_sequences, sizes):
+    raise ValueError(
+        f"no CUDA-graph batch size is >= the {num_sequences} sequences of the batch (sizes: {list(sizes)})"
+    )
+
+
+def over_capacity(what, needed, capacity):
+    raise ValueError(f"the batch needs {needed} {what} but the output has room for {capacity}")
+
+
+def busy():
+    raise RuntimeError("this InputWriter is in use by another thread")
+
+
+def not_planned():
+    raise RuntimeError("InputWriter.write() needs a successful plan() first")
+
+
+def not_bound():
+    raise RuntimeError("InputWriter.write() needs output arrays: call bind() first")

@@ -1,0 +1,19 @@
+"""Input preparation, the engine's first hot loop (DESIGN.md, "Hot loop 1").
+
+``prepare_inputs`` fills the model's flat host arrays for one iteration (numpy), and
+``InputPreparer`` feeds them to persistent device tensors through pinned staging memory.
+torch is imported only when an ``InputPreparer`` is created.
+"""
+
+from tokcy.executor._device import DeviceInputs, InputPreparer
+from tokcy.executor._host import ARRAY_FIELDS, COUNT_FIELDS, HostBuffers, PreparedInputs, prepare_inputs
+
+__all__ = [
+    "ARRAY_FIELDS",
+    "COUNT_FIELDS",
+    "DeviceInputs",
+    "HostBuffers",
+    "InputPreparer",
+    "PreparedInputs",
+    "prepare_inputs",
+]

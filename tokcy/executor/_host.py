@@ -1,0 +1,215 @@
+"""The host side of input preparation: ``prepare_inputs``, its result and its output holder.
+
+The backend (``tokcy._backend.module``, looked up at call time) provides ``InputWriter``,
+the one-pass loop; this module validates the arguments that are the same for both
+backends, owns the arrays and wraps the counts.
+"""
+
+import operator
+
+import numpy as np
+
+from tokcy import _backend
+
+#: The array attributes of ``PreparedInputs``, in the order ``InputWriter.bind`` takes them.
+ARRAY_FIELDS = (
+    "input_ids",
+    "position_ids",
+    "gather_ids",
+    "seq_lens",
+    "num_cached_tokens",
+    "prompt_lens",
+    "cu_seqlens",
+    "request_ids",
+    "draft_tokens",
+    "draft_lens",
+    "device_token_slots",
+)
+#: The integer attributes of ``PreparedInputs``.
+COUNT_FIELDS = (
+    "num_context_requests",
+    "num_context_tokens",
+    "num_generation_tokens",
+    "num_tokens",
+    "num_sequences",
+    "padded_batch_size",
+    "device_token_row_start",
+)
+_REQUEST_IDS = ARRAY_FIELDS.index("request_ids")
+
+
+def _count(value, name, minimum=0):
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {number}")
+    return number
+
+
+def _used_lengths(counts):
+    """Used length of each array (ARRAY_FIELDS order) from a writer's counts tuple."""
+    (_, _, _, num_tokens, _, padded, _, num_gather, num_draft_tokens, num_draft_requests, num_device) = counts
+    return (num_tokens, num_tokens, num_gather, padded, padded, padded, padded + 1, padded,
+            num_draft_tokens, num_draft_requests, num_device)
+
+
+class PreparedInputs:
+    """The host arrays of one iteration (numpy views of exactly the used length) and its counts.
+
+    Arrays: ``input_ids``, ``position_ids`` (one entry per token row, padding included),
+    ``gather_ids`` (rows whose logits are computed), per sequence ``seq_lens``,
+    ``num_cached_tokens``, ``prompt_lens``, ``request_ids`` (int64, -1 for padding) and
+    ``cu_seqlens`` (sequences + 1 entries from 0), the flat ``draft_tokens`` of the
+    generation requests that carry drafts with their ``draft_lens``, and the
+    ``device_token_slots`` of the device-token rows. Counts: see ``COUNT_FIELDS``.
+
+    With ``out=`` the arrays are views of the holder's buffers: the next call overwrites them.
+    """
+
+    __slots__ = ARRAY_FIELDS + COUNT_FIELDS
+
+    def __init__(self, arrays, counts):
+        for name, array, used in zip(ARRAY_FIELDS, arrays, _used_lengths(counts)):
+            setattr(self, name, array[:used])
+        for name, value in zip(COUNT_FIELDS, counts):
+            setattr(self, name, value)
+
+    def __repr__(self):
+        counts = ", ".join(f"{name}={getattr(self, name)}" for name in COUNT_FIELDS)
+        return f"PreparedInputs({counts})"
+
+    def asdict(self):
+        """Every field as a dict (arrays are the same views, not copies)."""
+        return {name: getattr(self, name) for name in ARRAY_FIELDS + COUNT_FIELDS}
+
+
+class HostBuffers:
+    """Preallocated output arrays for ``prepare_inputs(..., out=...)``: capacities
+    ``max_num_tokens`` token rows and ``max_batch_size`` sequences (beams and padding
+    included), ``max_batch_size * max_draft_len`` draft tokens; ``max_beam_width`` (None:
+    no limit beyond the sequences) caps a plain generation request's beams.
+    """
+
+    __slots__ = ("arrays", "max_num_tokens", "max_batch_size", "max_draft_len", "max_beam_width", "_writers")
+
+    def __init__(self, max_num_tokens, max_batch_size, max_draft_len=0, *, max_beam_width=None):
+        max_num_tokens = _count(max_num_tokens, "max_num_tokens")
+        max_batch_size = _count(max_batch_size, "max_batch_size")
+        max_draft_len = _count(max_draft_len, "max_draft_len")
+        arrays = {
+            "input_ids": max_num_tokens,
+            "position_ids": max_num_tokens,
+            "gather_ids": max_num_tokens,
+            "seq_lens": max_batch_size,
+            "num_cached_tokens": max_batch_size,
+            "prompt_lens": max_batch_size,
+            "cu_seqlens": max_batch_size + 1,
+            "request_ids": max_batch_size,
+            "draft_tokens": max_batch_size * max_draft_len,
+            "draft_lens": max_batch_size,
+            "device_token_slots": max_batch_size,
+        }
+        arrays = {
+            name: np.zeros(size, dtype=np.int64 if name == "request_ids" else np.int32) for name, size in arrays.items()
+        }
+        self._setup(arrays, max_draft_len, max_beam_width)
+
+    @classmethod
+    def from_arrays(cls, *, max_draft_len=0, max_beam_width=None, **arrays):
+        """A holder over caller-owned arrays (each 1-D, C-contiguous, writable; int32, and
+        int64 for ``request_ids``), e.g. views of one packed staging buffer.
+        TypeError for a wrong type or dtype, ValueError for a wrong shape or layout."""
+        missing = [name for name in ARRAY_FIELDS if name not in arrays]
+        extra = [name for name in arrays if name not in ARRAY_FIELDS]
+        if missing or extra:
+            raise TypeError(f"from_arrays() needs exactly the arrays {ARRAY_FIELDS}; missing {missing}, unknown {extra}")
+        self = cls.__new__(cls)
+        self._setup(arrays, _count(max_draft_len, "max_draft_len"), max_beam_width)
+        return self
+
+    def _setup(self, arrays, max_draft_len, max_beam_width):
+        for name in ARRAY_FIELDS:
+            array = arrays[name]
+            dtype = np.dtype(np.int64 if name == "request_ids" else np.int32)
+            if not isinstance(array, np.ndarray):
+                raise TypeError(f"out array {name} must be a numpy array, not {type(array).__name__}")
+            if array.dtype != dtype:
+                raise TypeError(f"out array {name} must have dtype {dtype}, got {array.dtype}")
+            if array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
+                raise ValueError(f"out array {name} must be 1-D, C-contiguous and writable")
+        if len(arrays["cu_seqlens"]) < 1:
+            raise ValueError("out array cu_seqlens needs at least one entry")
+        self.arrays = tuple(arrays[name] for name in ARRAY_FIELDS)
+        self.max_num_tokens = min(len(arrays["input_ids"]), len(arrays["position_ids"]))
+        self.max_batch_size = min(len(arrays[name]) for name in ("seq_lens", "num_cached_tokens", "prompt_lens",
+                                                                  "request_ids")) 
+        self.max_batch_size = min(self.max_batch_size, len(arrays["cu_seqlens"]) - 1)
+        self.max_draft_len = max_draft_len
+        self.max_beam_width = None if max_beam_width is None else _count(max_beam_width, "max_beam_width", 1)
+        self._writers = {}
+
+    def __getattr__(self, name):
+        # the full-capacity arrays by name (holder.input_ids, ...)
+        try:
+            return self.arrays[ARRAY_FIELDS.index(name)]
+        except ValueError:
+            raise AttributeError(name) from None
+
+    def __repr__(self):
+        return (f"HostBuffers(max_num_tokens={self.max_num_tokens}, max_batch_size={self.max_batch_size}, "
+                f"max_draft_len={self.max_draft_len}, max_beam_width={self.max_beam_width})")
+
+    def writer(self, module=None):
+        """The backend's ``InputWriter`` bound to these arrays (one per backend, made once)."""
+        module = _backend.module if module is None else module
+        writer = self._writers.get(module)
+        if writer is None:
+            writer = module.InputWriter()
+            writer.bind(*self.arrays)
+            self._writers[module] = writer
+        return writer
+
+
+def _check_draft_len(max_draft_len):
+    if type(max_draft_len) is int and max_draft_len >= 0:
+        return max_draft_len
+    return _count(max_draft_len, "max_draft_len")
+
+
+def prepare_inputs(context_requests, generation_requests, *, first_draft_requests=(), device_token_requests=(),
+                   max_draft_len=0, cuda_graph_batch_sizes=None, out=None):
+    """Build the model inputs of one iteration in one pass (DESIGN.md, "Hot loop 1").
+
+    Row order: ``context_requests`` (chunk [p, p + c) of beam 0), then the requests of
+    ``generation_requests`` that carry draft tokens (last token + k drafts), then
+    ``first_draft_requests`` (the last max_draft_len + 1 tokens), then the other
+    ``generation_requests`` (a row per beam), then ``device_token_requests`` (a
+    placeholder row the device fills from the previous step, at the request's
+    ``seq_slot``), then padding rows up to the smallest of ``cuda_graph_batch_sizes``
+    that holds the batch (only for batches without context and first-draft requests).
+
+    ``out``: a ``HostBuffers`` to write into (no allocation); without it, arrays are
+    allocated to fit. Returns a ``PreparedInputs``. Cost O(batch + emitted tokens).
+    Raises TypeError / ValueError, before writing anything, for a bad batch.
+    """
+    max_draft_len = _check_draft_len(max_draft_len)
+    module = _backend.module
+    if out is None:
+        writer = module.InputWriter()
+        num_tokens, num_gather, padded, num_drafts, num_draft_requests, num_device = writer.plan(
+            context_requests, generation_requests, first_draft_requests, device_token_requests, max_draft_len,
+            cuda_graph_batch_sizes, 0)
+        sizes = (num_tokens, num_tokens, num_gather, padded, padded, padded, padded + 1, padded, num_drafts,
+                 num_draft_requests, num_device)
+        arrays = [np.empty(size, dtype=np.int64 if index == _REQUEST_IDS else np.int32)
+                  for index, size in enumerate(sizes)]
+        writer.bind(*arrays)
+        return PreparedInputs(arrays, writer.write())
+    if not isinstance(out, HostBuffers):
+        raise TypeError(f"out must be a tokcy.executor.HostBuffers, not {type(out).__name__}")
+    counts = out.writer(module).prepare(
+        context_requests, generation_requests, first_draft_requests, device_token_requests, max_draft_len,
+        cuda_graph_batch_sizes, out.max_beam_width or 0)
+    return PreparedInputs(out.arrays, counts)
