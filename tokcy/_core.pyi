@@ -103,3 +103,49 @@ class Request:
     def has_draft_tokens(self) -> bool: ...
     # preemption
     def pause(self, max_input_len: SupportsIndex) -> None: ...
+
+# ----------------------------------------------------------- hot loop 1 (tokcy.executor)
+class InputWriter:
+    """The one-pass input-preparation loop; ``tokcy.executor.prepare_inputs`` is its public face.
+
+    ``bind`` the eleven output arrays (int32, ``request_ids`` int64), then per iteration
+    ``prepare`` (= ``plan`` + ``write``). Not thread-safe: one writer per thread.
+    """
+
+    tokens_copied: int  # token ids the last plan/write copied from request buffers
+    def __init__(self) -> None: ...
+    def bind(
+        self,
+        input_ids: npt.NDArray[np.int32],
+        position_ids: npt.NDArray[np.int32],
+        gather_ids: npt.NDArray[np.int32],
+        seq_lens: npt.NDArray[np.int32],
+        num_cached_tokens: npt.NDArray[np.int32],
+        prompt_lens: npt.NDArray[np.int32],
+        cu_seqlens: npt.NDArray[np.int32],
+        request_ids: npt.NDArray[np.int64],
+        draft_tokens: npt.NDArray[np.int32],
+        draft_lens: npt.NDArray[np.int32],
+        device_token_slots: npt.NDArray[np.int32],
+    ) -> None: ...
+    def plan(
+        self,
+        context_requests: Iterable[Request],
+        generation_requests: Iterable[Request],
+        first_draft_requests: Iterable[Request],
+        device_token_requests: Iterable[Request],
+        max_draft_len: int,
+        cuda_graph_batch_sizes: Iterable[SupportsIndex] | None,
+        max_beam_width: int,
+    ) -> tuple[int, int, int, int, int, int]: ...
+    def write(self) -> tuple[int, int, int, int, int, int, int, int, int, int, int]: ...
+    def prepare(
+        self,
+        context_requests: Iterable[Request],
+        generation_requests: Iterable[Request],
+        first_draft_requests: Iterable[Request],
+        device_token_requests: Iterable[Request],
+        max_draft_len: int,
+        cuda_graph_batch_sizes: Iterable[SupportsIndex] | None,
+        max_beam_width: int,
+    ) -> tuple[int, int, int, int, int, int, int, int, int, int, int]: ...

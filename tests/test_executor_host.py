@@ -1,0 +1,278 @@
+"""tokcy.executor.prepare_inputs: the worked example, bad input, outputs, complexity."""
+
+import numpy as np
+import pytest
+
+from executor_reference import make_request, reference
+from tokcy import RequestState, _backend, _pure
+from tokcy.executor import HostBuffers, prepare_inputs
+
+IN_PROGRESS = RequestState.GENERATION_IN_PROGRESS
+
+
+def worked_example(module):
+    """Context request: prompt 10, chunk 4, cursor 4. Generation request: 9 tokens and
+    2 drafts. Plain generation request: 7 tokens."""
+    context = module.Request(1, list(range(100, 110)))
+    context.context_current_position = 4
+    context.context_chunk_size = 4
+    drafted = module.Request(2, list(range(200, 207)))
+    drafted.state = IN_PROGRESS
+    drafted.add_new_token(207)
+    drafted.add_new_token(208)
+    drafted.draft_tokens = [900, 901]
+    plain = module.Request(3, list(range(300, 305)))
+    plain.state = IN_PROGRESS
+    plain.add_new_token(305)
+    plain.add_new_token(306)
+    plain.seq_slot = 3
+    return context, drafted, plain
+
+
+def check(result, **expected):
+    for name, value in expected.items():
+        actual = getattr(result, name)
+        if isinstance(value, list):
+            assert actual.tolist() == value, name
+            assert actual.dtype == (np.int64 if name == "request_ids" else np.int32), name
+        else:
+            assert actual == value, name
+
+
+@pytest.mark.parametrize("use_out", [False, True], ids=["alloc", "out"])
+def test_worked_example(backend, use_out):
+    context, drafted, plain = worked_example(backend)
+    out = HostBuffers(64, 8, 2) if use_out else None
+    # the plain request is listed first: the draft request still comes first in the rows
+    result = prepare_inputs([context], [plain, drafted], max_draft_len=2, out=out)
+    check(
+        result,
+        input_ids=[104, 105, 106, 107, 208, 900, 901, 306],
+        position_ids=[4, 5, 6, 7, 8, 9, 10, 6],
+        gather_ids=[3, 4, 5, 6, 7],
+        seq_lens=[4, 3, 1],
+        num_cached_tokens=[4, 8, 6],
+        prompt_lens=[10, 7, 5],
+        cu_seqlens=[0, 4, 7, 8],
+        request_ids=[1, 2, 3],
+        draft_tokens=[900, 901],
+        draft_lens=[2],
+        device_token_slots=[],
+        num_context_requests=1,
+        num_context_tokens=4,
+        num_generation_tokens=4,
+        num_tokens=8,
+        num_sequences=3,
+        padded_batch_size=3,
+        device_token_row_start=8,
+    )
+
+
+@pytest.mark.parametrize("use_out", [False, True], ids=["alloc", "out"])
+def test_worked_example_device_token(backend, use_out):
+    context, drafted, plain = worked_example(backend)
+    out = HostBuffers(64, 8, 2) if use_out else None
+    result = prepare_inputs([context], [drafted], device_token_requests=[plain], max_draft_len=2, out=out)
+    check(
+        result,
+        input_ids=[104, 105, 106, 107, 208, 900, 901, 0],
+        position_ids=[4, 5, 6, 7, 8, 9, 10, 7],
+        gather_ids=[3, 4, 5, 6, 7],
+        seq_lens=[4, 3, 1],
+        num_cached_tokens=[4, 8, 7],
+        prompt_lens=[10, 7, 5],
+        cu_seqlens=[0, 4, 7, 8],
+        request_ids=[1, 2, 3],
+        draft_tokens=[900, 901],
+        draft_lens=[2],
+        device_token_slots=[3],
+        num_context_requests=1,
+        num_context_tokens=4,
+        num_generation_tokens=4,
+        num_tokens=8,
+        num_sequences=3,
+        padded_batch_size=3,
+        device_token_row_start=7,
+    )
+
+
+def test_first_draft_beams_and_padding(backend):
+    first = backend.Request(10, [1, 2, 3, 4, 5, 6])
+    first.state = IN_PROGRESS
+    beams = backend.Request(11, [7, 8], beam_width=2)
+    beams.state = IN_PROGRESS
+    beams.add_new_token(50, 0)
+    beams.add_new_token(60, 1)
+    beams.add_new_token(61, 1)
+    # first draft, M = 3: tokens [6 - 4, 6) = [2, 6)
+    result = prepare_inputs([], [beams], first_draft_requests=[first], max_draft_len=3,
+                            cuda_graph_batch_sizes=[8])  # no padding: a first-draft request is present
+    check(result, input_ids=[3, 4, 5, 6, 50, 61], position_ids=[2, 3, 4, 5, 3, 3], gather_ids=[3, 4, 5],
+          seq_lens=[4, 1, 1], num_cached_tokens=[2, 3, 3], prompt_lens=[6, 2, 2], request_ids=[10, 11, 11],
+          num_generation_tokens=6, padded_batch_size=3, num_sequences=3)
+    # decode-only: padded from 2 sequences up to the smallest size that holds them
+    result = prepare_inputs([], [beams], cuda_graph_batch_sizes=[8, 1, 4])
+    check(result, input_ids=[50, 61, 0, 0], position_ids=[3, 3, 0, 0], gather_ids=[0, 1], seq_lens=[1, 1, 1, 1],
+          num_cached_tokens=[3, 3, 0, 0], prompt_lens=[2, 2, 0, 0], cu_seqlens=[0, 1, 2, 3, 4],
+          request_ids=[11, 11, -1, -1], num_generation_tokens=2, num_tokens=4, num_sequences=2,
+          padded_batch_size=4, device_token_row_start=2)
+
+
+def test_out_is_reused_and_views_are_exact(backend):
+    out = HostBuffers(32, 4, 2)
+    context, drafted, plain = worked_example(backend)
+    first = prepare_inputs([context], [plain, drafted], max_draft_len=2, out=out)
+    assert np.shares_memory(first.input_ids, out.input_ids)
+    again = prepare_inputs([], [plain], max_draft_len=2, out=out)
+    assert again.input_ids.tolist() == [306] and again.cu_seqlens.tolist() == [0, 1]
+    assert len(again.draft_tokens) == 0 and len(again.gather_ids) == 1
+
+
+def test_empty_batch(backend):
+    result = prepare_inputs([], [])
+    assert result.num_tokens == 0 and result.cu_seqlens.tolist() == [0] and result.padded_batch_size == 0
+
+
+# ------------------------------------------------------------------------ bad input
+def error_of(call):
+    try:
+        call()
+    except (TypeError, ValueError, RuntimeError) as error:
+        return type(error), str(error)
+    return None
+
+
+def run_on(module, build, **kwargs):
+    """Build the batch on ``module`` and run prepare_inputs there; the error it raises."""
+    saved = _backend.module
+    _backend.module = module
+    try:
+        args, extra = build(module)
+        return error_of(lambda: prepare_inputs(*args, **{**kwargs, **extra}))
+    finally:
+        _backend.module = saved
+
+
+def _gen(module, request_id, tokens=(1, 2, 3), **fields):
+    request = module.Request(request_id, list(tokens), beam_width=fields.pop("beam_width", 1))
+    request.state = fields.pop("state", IN_PROGRESS)
+    for name, value in fields.items():
+        setattr(request, name, value)
+    return request
+
+
+def _ctx(module, request_id, cursor=0, chunk=3, prompt=(1, 2, 3, 4)):
+    request = module.Request(request_id, list(prompt))
+    request.context_current_position = cursor
+    request.context_chunk_size = chunk
+    return request
+
+
+ERROR_CASES = {
+    "not a request": (lambda m: (([object()], []), {}), TypeError, "context_requests[0]"),
+    "empty chunk": (lambda m: (([_ctx(m, 5, chunk=0)], []), {}), ValueError, "request 5"),
+    "context in generation state": (lambda m: (([_gen(m, 6)], []), {}), ValueError, "request 6"),
+    "generation in context state": (lambda m: (([], [_ctx(m, 7)]), {}), ValueError, "request 7"),
+    "complete": (lambda m: (([], [_gen(m, 8, state=RequestState.GENERATION_COMPLETE)]), {}), ValueError, "request 8"),
+    "device without slot": (lambda m: (([], []), {"device_token_requests": [_gen(m, 9)]}), ValueError, "request 9"),
+    "device with beams": (lambda m: (([], []), {"device_token_requests": [_gen(m, 10, beam_width=2, seq_slot=1)]}),
+                          ValueError, "request 10"),
+    "device with drafts": (lambda m: (([], []), {"device_token_requests": [_gen(m, 11, seq_slot=1, draft_tokens=[5])],
+                                                 "max_draft_len": 2}), ValueError, "request 11"),
+    "given twice": (lambda m: (lambda r: (([], [r]), {"device_token_requests": [r]}))(_gen(m, 12, seq_slot=0)),
+                    ValueError, "request 12"),
+    "same id twice": (lambda m: (([], [_gen(m, 13), _gen(m, 13)]), {}), ValueError, "request 13"),
+    "too many drafts": (lambda m: (([], [_gen(m, 14, draft_tokens=[1, 2, 3])]), {"max_draft_len": 2}), ValueError,
+                        "request 14"),
+    "drafts with beams": (lambda m: (([], [_gen(m, 15, beam_width=2, draft_tokens=[1])]), {"max_draft_len": 2}),
+                          ValueError, "request 15"),
+    "first draft with beams": (lambda m: (([], []), {"first_draft_requests": [_gen(m, 16, beam_width=2)]}),
+                               ValueError, "request 16"),
+    "no padding size": (lambda m: (([], [_gen(m, 17), _gen(m, 18)]), {"cuda_graph_batch_sizes": [1]}), ValueError,
+                        "sizes"),
+    "bad padding size": (lambda m: (([], [_gen(m, 19)]), {"cuda_graph_batch_sizes": [0, 4]}), ValueError, ">= 1"),
+    "bad max_draft_len": (lambda m: (([], []), {"max_draft_len": -1}), ValueError, "max_draft_len"),
+    "float max_draft_len": (lambda m: (([], []), {"max_draft_len": 1.5}), TypeError, "max_draft_len"),
+    "bad out": (lambda m: (([], []), {"out": {}}), TypeError, "HostBuffers"),
+    "too many tokens": (lambda m: (([_ctx(m, 20, chunk=4)], []), {"out": HostBuffers(3, 4)}), ValueError,
+                        "token rows"),
+    "too many sequences": (lambda m: (([], [_gen(m, 21), _gen(m, 22)]), {"out": HostBuffers(8, 1)}), ValueError,
+                           "sequences"),
+    "too many padded sequences": (lambda m: (([], [_gen(m, 23)]), {"out": HostBuffers(8, 2),
+                                                                   "cuda_graph_batch_sizes": [4]}),
+                                  ValueError, "sequences"),
+    "too many drafts for out": (lambda m: (([], [_gen(m, 24, draft_tokens=[1, 2])]),
+                                           {"out": HostBuffers(8, 1, 1), "max_draft_len": 2}),
+                                ValueError, "draft tokens"),
+    "too many beams": (lambda m: (([], [_gen(m, 25, beam_width=3)]), {"out": HostBuffers(8, 4, max_beam_width=2)}),
+                       ValueError, "request 25"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_bad_input(backend, case):
+    build, kind, fragment = ERROR_CASES[case]
+    error = run_on(backend, build)
+    assert error is not None and error[0] is kind and fragment in error[1], error
+    assert run_on(_pure, build) == error  # same type and message on both backends
+
+
+def test_failed_call_writes_nothing(backend):
+    out = HostBuffers(8, 2)
+    for array in out.arrays:
+        array.fill(77)
+    context = _ctx(backend, 1, chunk=3)
+    with pytest.raises(ValueError, match="sequences"):
+        prepare_inputs([context], [_gen(backend, 2), _gen(backend, 3)], out=out)
+    with pytest.raises(ValueError, match="request 4"):
+        prepare_inputs([context], [_gen(backend, 4, state=RequestState.CONTEXT_INIT)], out=out)
+    assert all((array == 77).all() for array in out.arrays)
+    # and the holder still works afterwards
+    assert prepare_inputs([context], [], out=out).input_ids.tolist() == [1, 2, 3]
+
+
+def test_out_arrays_are_checked(backend):
+    good = {name: array for name, array in zip(
+        ("input_ids", "position_ids", "gather_ids", "seq_lens", "num_cached_tokens", "prompt_lens", "cu_seqlens",
+         "request_ids", "draft_tokens", "draft_lens", "device_token_slots"), HostBuffers(8, 4, 1).arrays)}
+    with pytest.raises(TypeError, match="request_ids"):
+        HostBuffers.from_arrays(**{**good, "request_ids": np.zeros(4, dtype=np.int32)})
+    with pytest.raises(TypeError, match="input_ids"):
+        HostBuffers.from_arrays(**{**good, "input_ids": np.zeros(8, dtype=np.int64)})
+    with pytest.raises(ValueError, match="position_ids"):
+        HostBuffers.from_arrays(**{**good, "position_ids": np.zeros(16, dtype=np.int32)[::2]})
+    with pytest.raises(TypeError, match="missing"):
+        HostBuffers.from_arrays(input_ids=good["input_ids"])
+    small = HostBuffers.from_arrays(**{**good, "gather_ids": np.zeros(1, dtype=np.int32)})
+    requests = [_gen(backend, 1), _gen(backend, 2)]
+    with pytest.raises(ValueError, match="gathered rows"):
+        prepare_inputs([], requests, out=small)
+
+
+# ------------------------------------------------------------------ cost by counting
+def counting_batch(module, length):
+    """The same batch shape at sequence length ``length``: a 64-token chunk at the end of
+    the prompt, 8 generation requests (3 with 2 drafts), 2 first-draft, 2 device rows."""
+    descs = {"context": [{"kind": "context", "id": 0, "prompt": list(range(length)), "cursor": length - 64,
+                          "chunk": 64}]}
+    descs["generation"] = [{"kind": "generation", "id": 1 + i, "prompt": list(range(length)), "generated": [[5]],
+                            "drafts": [1, 2] if i < 3 else None} for i in range(8)]
+    descs["first_draft"] = [{"kind": "first_draft", "id": 20 + i, "prompt": list(range(length))} for i in range(2)]
+    descs["device"] = [{"kind": "device", "id": 30 + i, "prompt": list(range(length)), "slot": i} for i in range(2)]
+    return {group: [make_request(module, desc) for desc in items] for group, items in descs.items()}
+
+
+def test_cost_is_flat_in_sequence_length(backend):
+    """Tokens copied = tokens emitted (64 + 3*3 + 5 + 2*4), the same at L=256 and L=65,536."""
+    copied = []
+    for length in (256, 65_536):
+        batch = counting_batch(backend, length)
+        out = HostBuffers(256, 32, 3)
+        writer = out.writer()
+        result = prepare_inputs(batch["context"], batch["generation"], first_draft_requests=batch["first_draft"],
+                                device_token_requests=batch["device"], max_draft_len=3, out=out)
+        expected = reference(batch["context"], batch["generation"], batch["first_draft"], batch["device"], 3, None)
+        np.testing.assert_array_equal(result.input_ids, expected[0]["input_ids"])
+        copied.append(writer.tokens_copied)
+        assert writer.tokens_copied == result.num_tokens - len(result.device_token_slots)
+    assert copied == [64 + 3 * 3 + 5 + 2 * 4] * 2

@@ -1,0 +1,169 @@
+"""tokcy.executor.InputPreparer: the torch wrapper on CPU, and on CUDA when there is one."""
+
+import numpy as np
+import pytest
+
+from executor_reference import make_request, random_batch, reference
+from tokcy import RequestState
+from tokcy.executor import ARRAY_FIELDS, COUNT_FIELDS, InputPreparer, prepare_inputs
+
+torch = pytest.importorskip("torch")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def build(module, groups):
+    return {group: [make_request(module, desc) for desc in descs] for group, descs in groups.items()}
+
+
+def prepare(preparer, batch, sizes, previous):
+    return preparer.prepare(batch["context"], batch["generation"], first_draft_requests=batch["first_draft"],
+                            device_token_requests=batch["device"], cuda_graph_batch_sizes=sizes,
+                            previous_new_tokens=previous)
+
+
+def expected_arrays(batch, max_draft_len, sizes, previous):
+    """The reference host arrays, with the device rows filled from ``previous``."""
+    arrays, counts = reference(batch["context"], batch["generation"], batch["first_draft"], batch["device"],
+                               max_draft_len, sizes)
+    start = counts["device_token_row_start"]
+    slots = arrays["device_token_slots"]
+    arrays["input_ids"][start : start + len(slots)] = previous.cpu().numpy()[slots]
+    return arrays, counts
+
+
+def padding_ok(batch, sizes):
+    if sizes is None or batch["context"] or batch["first_draft"]:
+        return True
+    return max(sizes) >= sum(len(r.get_last_tokens()) for r in batch["generation"]) + len(batch["device"])
+
+
+def test_cpu_values_pointers_and_overlap_rows(backend):
+    rng = np.random.default_rng(3)
+    preparer = InputPreparer(512, 128, max_draft_len=4, max_beam_width=4, device="cpu")
+    assert preparer.num_staging_buffers == 2
+    pointers = {name: tensor.data_ptr() for name, tensor in preparer.tensors.items()}
+    previous = torch.arange(1000, 1016, dtype=torch.int64)  # slot s held token 1000 + s
+    checked = 0
+    while checked < 100:
+        groups, _, sizes = random_batch(rng)
+        batch = build(backend, groups)
+        if not padding_ok(batch, sizes):
+            continue
+        result = prepare(preparer, batch, sizes, previous)
+        arrays, counts = expected_arrays(batch, 4, sizes, previous)
+        for name in ARRAY_FIELDS:
+            tensor = getattr(result, name)
+            assert tensor.device.type == "cpu"
+            assert tensor.dtype == (torch.int64 if name == "request_ids" else torch.int32), name
+            np.testing.assert_array_equal(tensor.numpy(), arrays[name], err_msg=name)
+            if tensor.numel():  # (torch reports 0 for an empty view)
+                assert tensor.data_ptr() == pointers[name], name  # a view from the persistent start
+        for name in COUNT_FIELDS:
+            assert getattr(result, name) == counts[name], name
+        # the host arrays hold the placeholder 0 in the device rows
+        host = result.host
+        start, count = host.device_token_row_start, len(host.device_token_slots)
+        assert (host.input_ids[start : start + count] == 0).all()
+        checked += 1
+    assert {name: tensor.data_ptr() for name, tensor in preparer.tensors.items()} == pointers
+
+
+def test_cpu_worked_example_device_rows(backend):
+    context = backend.Request(1, list(range(100, 110)))
+    context.context_current_position = 4
+    context.context_chunk_size = 4
+    plain = backend.Request(3, list(range(300, 307)))
+    plain.state = RequestState.GENERATION_IN_PROGRESS
+    plain.seq_slot = 5
+    preparer = InputPreparer(16, 4)
+    previous = torch.tensor([[10], [11], [12], [13], [14], [15]], dtype=torch.int32)  # 2-D: column 0
+    result = preparer.prepare([context], [], device_token_requests=[plain], previous_new_tokens=previous)
+    assert result.input_ids.tolist() == [104, 105, 106, 107, 15]
+    assert result.position_ids.tolist() == [4, 5, 6, 7, 7]
+    assert result.device_token_slots.tolist() == [5]
+    assert result.num_tokens == 5 and result.num_context_tokens == 4
+    with pytest.raises(ValueError, match="previous_new_tokens"):
+        preparer.prepare([], [], device_token_requests=[plain])
+    with pytest.raises(TypeError, match="previous_new_tokens"):
+        preparer.prepare([], [], device_token_requests=[plain], previous_new_tokens=[1, 2])
+
+
+def test_cpu_errors_leave_device_tensors_alone(backend):
+    preparer = InputPreparer(4, 2)
+    generation = backend.Request(1, [1, 2, 3])
+    generation.state = RequestState.GENERATION_IN_PROGRESS
+    first = preparer.prepare([], [generation])
+    assert first.input_ids.tolist() == [3]
+    with pytest.raises(ValueError, match="5 token rows"):
+        preparer.prepare([backend.Request(2, [1, 2, 3, 4, 5])], [])  # 5 tokens > 4
+    assert preparer.tensors["input_ids"][:1].tolist() == [3]
+
+
+def test_import_does_not_need_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, tokcy, tokcy.executor; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------------ CUDA
+def cuda_batches(module, count, seed):
+    rng = np.random.default_rng(seed)
+    batches = []
+    while len(batches) < count:
+        groups, _, sizes = random_batch(rng)
+        batch = build(module, groups)
+        if padding_ok(batch, sizes):
+            batches.append((batch, sizes))
+    return batches
+
+
+@needs_cuda
+def test_cuda_pinned_non_blocking_equals_blocking(backend):
+    preparer = InputPreparer(512, 128, max_draft_len=4, max_beam_width=4, device="cuda")
+    assert all(staging.is_pinned() for staging in preparer._staging)
+    previous = torch.arange(1000, 1016, dtype=torch.int32, device="cuda")
+    for batch, sizes in cuda_batches(backend, 200, seed=11):
+        result = prepare(preparer, batch, sizes, previous)
+        host = prepare_inputs(batch["context"], batch["generation"], first_draft_requests=batch["first_draft"],
+                              device_token_requests=batch["device"], max_draft_len=4, cuda_graph_batch_sizes=sizes)
+        for name in ARRAY_FIELDS:
+            blocking = torch.from_numpy(getattr(host, name).copy()).to("cuda")  # a plain blocking copy
+            if name == "input_ids" and len(host.device_token_slots):
+                start = host.device_token_row_start
+                blocking[start : start + len(host.device_token_slots)] = previous[
+                    torch.from_numpy(host.device_token_slots.astype(np.int64)).cuda()]
+            assert torch.equal(getattr(result, name), blocking), name
+
+
+def _stress(backend, fence):
+    """Refill staging right after launching each copy while the stream is kept busy, and
+    snapshot every result on the stream; True if every snapshot is exact."""
+    preparer = InputPreparer(512, 128, max_draft_len=4, max_beam_width=4, device="cuda")
+    preparer._fence = fence
+    previous = torch.arange(1000, 1016, dtype=torch.int32, device="cuda")
+    batches = cuda_batches(backend, 60, seed=12)
+    snapshots = []
+    for batch, sizes in batches:
+        torch.cuda._sleep(2_000_000)  # the copy queues behind this: the host runs ahead
+        result = prepare(preparer, batch, sizes, previous)
+        snapshots.append({name: getattr(result, name).clone() for name in ARRAY_FIELDS})  # stream-ordered
+    torch.cuda.synchronize()
+    for (batch, sizes), snapshot in zip(batches, snapshots):
+        arrays, _ = expected_arrays(batch, 4, sizes, previous)
+        for name in ARRAY_FIELDS:
+            if not np.array_equal(snapshot[name].cpu().numpy(), arrays[name]):
+                return False
+    return True
+
+
+@needs_cuda
+def test_cuda_stress_ring_is_fenced(backend):
+    assert _stress(backend, fence=True)
+
+
+@needs_cuda
+def test_cuda_stress_without_fence_goes_wrong(backend):
+    """The same stress with the event fence switched off reads refilled staging memory."""
+    assert not _stress(backend, fence=False)
