@@ -149,3 +149,31 @@ class InputWriter:
         cuda_graph_batch_sizes: Iterable[SupportsIndex] | None,
         max_beam_width: int,
     ) -> tuple[int, int, int, int, int, int, int, int, int, int, int]: ...
+
+# ---------------------------------------------------------------- connector (hot loop 2)
+# The per-request report state behind tokcy.connector.SchedulerOutputManager; build()
+# returns the columns of tokcy.connector.SchedulerOutput, in its constructor's order.
+class ReportState:
+    def __init__(self) -> None: ...
+    def build(
+        self, context_requests: Sequence[Request], generation_requests: Sequence[Request]
+    ) -> tuple[
+        npt.NDArray[np.int64],  # request_ids
+        npt.NDArray[np.bool_],  # is_new
+        npt.NDArray[np.int64],  # computed_positions
+        npt.NDArray[np.int64],  # num_scheduled_tokens
+        npt.NDArray[np.int64],  # num_replaced_tokens
+        npt.NDArray[np.int64],  # token_offsets
+        npt.NDArray[np.int32],  # tokens
+        npt.NDArray[np.int64],  # group_offsets
+        npt.NDArray[np.int64],  # block_offsets
+        npt.NDArray[np.int32],  # block_ids
+        npt.NDArray[np.int64],  # num_replaced_blocks
+        npt.NDArray[np.int64],  # num_released_blocks
+    ]: ...
+    def record_matched_tokens(self, request_id: SupportsIndex, num_tokens: SupportsIndex) -> None: ...
+    def reset_request(self, request_id: SupportsIndex) -> None: ...
+    def request_finished(self, request_id: SupportsIndex) -> None: ...
+    @property
+    def num_tracked_requests(self) -> int: ...
+    def tracked_request_ids(self) -> list[int]: ...

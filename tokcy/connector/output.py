@@ -1,7 +1,5 @@
 """``SchedulerOutput`` (columnar arrays, one row per scheduled request) and ``RequestData`` (a lazy row view)."""
 
-import numpy as np
-
 
 class SchedulerOutput:
     """One iteration's report, columnar. Rows: context requests, then generation requests,
@@ -51,6 +49,28 @@ class SchedulerOutput:
         self.num_released_blocks = num_released_blocks
         self._new_requests = None
         self._cached_requests = None
+        self._columns = None
+
+    _COLUMNS = (
+        "request_ids",
+        "is_new",
+        "computed_positions",
+        "num_scheduled_tokens",
+        "num_replaced_tokens",
+        "token_offsets",
+        "tokens",
+        "group_offsets",
+        "block_offsets",
+        "block_ids",
+        "num_replaced_blocks",
+        "num_released_blocks",
+    )
+
+    def _python_columns(self):
+        """Every column as a Python list, made once, for ``RequestData``."""
+        if self._columns is None:
+            self._columns = {name: getattr(self, name).tolist() for name in self._COLUMNS}
+        return self._columns
 
     def __len__(self):
         return len(self.request_ids)
@@ -70,14 +90,16 @@ class SchedulerOutput:
     def new_requests(self):
         """``RequestData`` of the rows reported as new (first report, or after reset / pause)."""
         if self._new_requests is None:
-            self._new_requests = [RequestData(self, int(row)) for row in np.flatnonzero(self.is_new)]
+            is_new = self._python_columns()["is_new"]
+            self._new_requests = [RequestData(self, row) for row in range(len(is_new)) if is_new[row]]
         return self._new_requests
 
     @property
     def cached_requests(self):
         """``RequestData`` of the rows reported as deltas."""
         if self._cached_requests is None:
-            self._cached_requests = [RequestData(self, int(row)) for row in np.flatnonzero(~self.is_new)]
+            is_new = self._python_columns()["is_new"]
+            self._cached_requests = [RequestData(self, row) for row in range(len(is_new)) if not is_new[row]]
         return self._cached_requests
 
     @property
@@ -98,73 +120,82 @@ class SchedulerOutput:
 
 
 class RequestData:
-    """One row of a ``SchedulerOutput``; every field is read from the arrays on access."""
+    """One row of a ``SchedulerOutput``; every field is read from the arrays on access.
 
-    __slots__ = ("_output", "_row")
+    The first ``RequestData`` of an output converts its columns to Python lists once
+    (O(batch + tokens + blocks)); each field is then a list index or slice.
+    """
+
+    __slots__ = ("_output", "_row", "_columns")
 
     def __init__(self, output, row):
         self._output = output
         self._row = row
+        self._columns = output._python_columns()
 
     @property
     def request_id(self):
-        return int(self._output.request_ids[self._row])
+        return self._columns["request_ids"][self._row]
 
     @property
     def is_new(self):
         """True when this is the request's first report (or its first after reset / pause)."""
-        return bool(self._output.is_new[self._row])
+        return self._columns["is_new"][self._row]
 
     @property
     def new_tokens(self):
         """Beam-0 tokens not reported yet (all of them for a new request), as a new list."""
-        offsets = self._output.token_offsets
-        return self._output.tokens[offsets[self._row] : offsets[self._row + 1]].tolist()
+        columns = self._columns
+        offsets = columns["token_offsets"]
+        return columns["tokens"][offsets[self._row] : offsets[self._row + 1]]
 
     @property
     def computed_position(self):
-        return int(self._output.computed_positions[self._row])
+        return self._columns["computed_positions"][self._row]
 
     @property
     def num_scheduled_tokens(self):
-        return int(self._output.num_scheduled_tokens[self._row])
+        return self._columns["num_scheduled_tokens"][self._row]
 
     @property
     def num_replaced_tokens(self):
         """Already-reported tokens at the tail that ``new_tokens`` replaces (0 in the common case)."""
-        return int(self._output.num_replaced_tokens[self._row])
+        return self._columns["num_replaced_tokens"][self._row]
 
     def _segments(self):
-        offsets = self._output.group_offsets
-        return range(int(offsets[self._row]), int(offsets[self._row + 1]))
+        offsets = self._columns["group_offsets"]
+        return range(offsets[self._row], offsets[self._row + 1])
 
     @property
     def num_layer_groups(self):
         return len(self._segments())
 
+    def _blocks(self, segment):
+        columns = self._columns
+        offsets = columns["block_offsets"]
+        return columns["block_ids"][offsets[segment] : offsets[segment + 1]]
+
     @property
     def new_block_ids_by_group(self):
         """Per layer group, the block ids not reported yet (lists)."""
-        output = self._output
-        offsets = output.block_offsets
-        return [output.block_ids[offsets[s] : offsets[s + 1]].tolist() for s in self._segments()]
+        return [self._blocks(segment) for segment in self._segments()]
 
     @property
     def new_block_ids(self):
         """``new_block_ids_by_group[0]``."""
-        output = self._output
-        segment = int(output.group_offsets[self._row])
-        return output.block_ids[output.block_offsets[segment] : output.block_offsets[segment + 1]].tolist()
+        return self._blocks(self._columns["group_offsets"][self._row])
 
     @property
     def num_replaced_blocks_by_group(self):
         """Per group, already-reported block ids at the tail that the new ones replace."""
-        return [int(self._output.num_replaced_blocks[s]) for s in self._segments()]
+        column = self._columns["num_replaced_blocks"]
+        return [column[segment] for segment in self._segments()]
 
     @property
     def num_released_blocks_by_group(self):
         """Per group, how many leading blocks a sliding window has released so far (they read -1)."""
-        return [int(self._output.num_released_blocks[s]) for s in self._segments()]
+        column = self._columns["num_released_blocks"]
+        return [column[segment] for segment in self._segments()]
 
     def as_dict(self):
         """Every field, as plain Python values."""

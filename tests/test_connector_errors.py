@@ -1,0 +1,131 @@
+"""Bad input: a ValueError / TypeError naming the request, and nothing changed anywhere.
+
+Each failing call is made on one of two identical worlds; the next valid report must then
+be the same on both (so neither the manager nor the requests' change marks were touched),
+and both managers must track the same ids.
+"""
+
+import pytest
+
+from tokcy import RequestState
+from tokcy.connector import SchedulerOutputManager
+
+
+def make_world(backend):
+    """A manager with two reported requests that then changed (pending deltas)."""
+    manager = SchedulerOutputManager()
+    context = backend.Request(1, list(range(20)), num_layer_groups=2)
+    context.context_chunk_size = 8
+    for table in context.block_tables:
+        table.extend([1, 2])
+    generation = backend.Request(2, list(range(30)))
+    generation.state = RequestState.GENERATION_IN_PROGRESS
+    generation.block_tables[0].extend([3, 4, 5])
+    manager.build_scheduler_output([context], [generation])
+    context.move_to_next_context_chunk()
+    context.block_tables[1].truncate(1)
+    context.block_tables[1].append(9)
+    context.block_tables[0].release_front(1)
+    generation.add_new_token(100)
+    generation.truncate(30)
+    generation.add_new_token(101)
+    generation.block_tables[0][2] = 6
+    manager.record_matched_tokens(1, 3)
+    return manager, context, generation
+
+
+def report(output):
+    return [data.as_dict() for data in output.requests]
+
+
+def bad_calls(backend, context, generation):
+    """(exception, message fragment, context list, generation list) for each bad batch."""
+    twin = backend.Request(2, list(range(30)))  # another object with a reported id
+    finished = backend.Request(3, [1, 2, 3])
+    finished.state = RequestState.GENERATION_COMPLETE
+    regrouped = backend.Request(1, list(range(20)), num_layer_groups=3)
+    fresh = backend.Request(4, [7, 7])
+    return [
+        (ValueError, "request 2 is scheduled more than once", [context], [generation, generation]),
+        (ValueError, "request 2 is scheduled more than once", [generation], [generation]),
+        (ValueError, "request 2 is scheduled more than once", [fresh, context], [generation, twin]),
+        (ValueError, "request 4 is scheduled more than once", [fresh, context, fresh], []),
+        (ValueError, "request 3 is finished", [fresh, context], [generation, finished]),
+        (ValueError, "request 1 has 3 layer groups but its earlier reports had 2", [fresh], [generation, regrouped]),
+        (TypeError, r"generation_requests\[1\] must be a Request, not str", [fresh, context], [generation, "x"]),
+        (TypeError, r"context_requests\[0\] must be a Request, not NoneType", [None], []),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_bad_batch_changes_nothing(backend, case):
+    manager, context, generation = make_world(backend)
+    twin_manager, twin_context, twin_generation = make_world(backend)
+    error, message, bad_context, bad_generation = bad_calls(backend, context, generation)[case]
+    with pytest.raises(error, match=message):
+        manager.build_scheduler_output(bad_context, bad_generation)
+    assert manager.tracked_request_ids() == twin_manager.tracked_request_ids() == [1, 2]
+    assert report(manager.build_scheduler_output([context], [generation])) == report(
+        twin_manager.build_scheduler_output([twin_context], [twin_generation])
+    )
+    assert manager.tracked_request_ids() == [1, 2]
+
+
+def test_finished_state_of_a_reported_request(backend):
+    manager, context, generation = make_world(backend)
+    generation.state = RequestState.GENERATION_COMPLETE
+    with pytest.raises(ValueError, match="request 2 is finished"):
+        manager.build_scheduler_output([context], [generation])
+    generation.state = RequestState.GENERATION_IN_PROGRESS
+    data = manager.build_scheduler_output([], [generation]).requests[0]
+    assert data.new_tokens == [101] and data.num_replaced_tokens == 0
+    assert data.new_block_ids == [6] and data.num_replaced_blocks_by_group == [1]
+
+
+def test_group_count_is_checked_after_reset_too(backend):
+    manager, context, generation = make_world(backend)
+    manager.reset_request(1)
+    with pytest.raises(ValueError, match="request 1 has 1 layer groups but its earlier reports had 2"):
+        manager.build_scheduler_output([backend.Request(1, [1])], [])
+    manager.request_finished(1)  # finishing forgets it: the id may come back with any layout
+    assert manager.build_scheduler_output([backend.Request(1, [1])], []).requests[0].is_new
+
+
+def test_record_matched_tokens_validation(backend):
+    manager = SchedulerOutputManager()
+    with pytest.raises(ValueError, match="num_tokens must be >= 0, got -1"):
+        manager.record_matched_tokens(1, -1)
+    with pytest.raises(TypeError):
+        manager.record_matched_tokens(1, 2.0)
+    with pytest.raises(TypeError):
+        manager.record_matched_tokens("1", 2)
+    with pytest.raises(TypeError):
+        manager.reset_request(None)
+    with pytest.raises(TypeError):
+        manager.request_finished(1.5)
+    assert manager.num_tracked_requests == 0
+
+
+def test_requests_of_the_other_backend_are_refused(backend, both_backends):
+    compiled, pure = both_backends
+    other = pure if backend is compiled else compiled
+    manager = SchedulerOutputManager()
+    with pytest.raises(TypeError, match=r"context_requests\[0\] must be a Request, not Request"):
+        manager.build_scheduler_output([other.Request(1, [1])], [])
+    assert manager.num_tracked_requests == 0
+
+
+def test_messages_are_identical_on_both_backends(both_backends, monkeypatch):
+    from tokcy import _backend
+
+    messages = []
+    for module in both_backends:
+        monkeypatch.setattr(_backend, "module", module)
+        manager, context, generation = make_world(module)
+        found = []
+        for error, _, bad_context, bad_generation in bad_calls(module, context, generation):
+            with pytest.raises(error) as caught:
+                manager.build_scheduler_output(bad_context, bad_generation)
+            found.append(str(caught.value))
+        messages.append(found)
+    assert messages[0] == messages[1]

@@ -1,0 +1,237 @@
+"""The seed's scenario (003_4dcae7e0a3c46b11), exact, and the rules of DESIGN.md "Hot loop 2"."""
+
+import numpy as np
+import pytest
+
+from tokcy import RequestState
+from tokcy.connector import RequestData, SchedulerOutput, SchedulerOutputManager
+
+PROMPT = list(range(1000, 1064))  # 64 tokens
+
+
+def decode_request(backend, request_id=7, prompt=PROMPT, num_layer_groups=1):
+    request = backend.Request(request_id, prompt, num_layer_groups=num_layer_groups)
+    for table in request.block_tables:
+        table.extend([10, 11])  # 64 tokens, 32 per block
+    return request
+
+
+def only(output):
+    rows = output.requests
+    assert len(rows) == 1
+    return rows[0]
+
+
+def test_seed_scenario_copies_each_token_once(backend):
+    manager = SchedulerOutputManager()
+    request = decode_request(backend)
+    carried = 0
+
+    # context iteration: the whole prompt, new request
+    output = manager.build_scheduler_output([request], [])
+    assert len(output.new_requests) == 1 and output.cached_requests == []
+    data = output.new_requests[0]
+    assert data.request_id == 7
+    assert data.new_tokens == PROMPT
+    assert data.new_block_ids == [10, 11]
+    assert data.computed_position == 0
+    assert data.num_scheduled_tokens == 64
+    assert data.num_replaced_tokens == 0
+    carried += len(data.new_tokens)
+    request.move_to_next_context_chunk()
+    request.state = RequestState.GENERATION_IN_PROGRESS
+
+    # generation, one new token (and a new block: 65 tokens need three)
+    request.add_new_token(2000)
+    request.block_tables[0].append(12)
+    output = manager.build_scheduler_output([], [request])
+    assert output.new_requests == [] and len(output.cached_requests) == 1
+    data = output.cached_requests[0]
+    assert (data.new_tokens, data.computed_position, data.num_replaced_tokens) == ([2000], 64, 0)
+    assert data.new_block_ids == [12]
+    assert data.num_scheduled_tokens == 1
+    carried += len(data.new_tokens)
+
+    # generation, no new token
+    data = only(manager.build_scheduler_output([], [request]))
+    assert (data.new_tokens, data.computed_position, data.num_replaced_tokens) == ([], 64, 0)
+    assert data.new_block_ids == []
+    carried += len(data.new_tokens)
+
+    # generation, three new tokens
+    for token in (2001, 2002, 2003):
+        request.add_new_token(token)
+    data = only(manager.build_scheduler_output([], [request]))
+    assert (data.new_tokens, data.computed_position, data.num_replaced_tokens) == ([2001, 2002, 2003], 67, 0)
+    carried += len(data.new_tokens)
+
+    # the token list dropped two tokens (68 -> 66)
+    request.truncate(66)
+    data = only(manager.build_scheduler_output([], [request]))
+    assert (data.new_tokens, data.computed_position, data.num_replaced_tokens) == ([], 65, 2)
+    carried += len(data.new_tokens)
+
+    # 64 prompt tokens + 1 + 0 + 3 + 0 were really written: each copied once
+    assert carried == 68
+    assert request.get_num_tokens(0) == 66
+
+
+def test_shrink_then_regrowth_between_reports_is_reported(backend):
+    """The hole in the seed's engine: a token rewritten at an already-reported position."""
+    manager = SchedulerOutputManager()
+    request = decode_request(backend)
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    for token in (1, 2, 3):
+        request.add_new_token(token)
+    manager.build_scheduler_output([], [request])  # reports 67 tokens
+    request.truncate(65)  # drafts 2, 3 rejected ...
+    for token in (4, 5, 6):  # ... and regrowth past the reported length
+        request.add_new_token(token)
+    data = only(manager.build_scheduler_output([], [request]))
+    assert data.num_replaced_tokens == 2
+    assert data.new_tokens == [4, 5, 6]
+    assert data.computed_position == 67
+    # the same for blocks: block 11 freed and re-allocated as 21, then 22 added
+    request.block_tables[0].truncate(1)
+    request.block_tables[0].extend([21, 22])
+    data = only(manager.build_scheduler_output([], [request]))
+    assert data.new_block_ids == [21, 22]
+    assert data.num_replaced_blocks_by_group == [1]
+    assert data.new_tokens == [] and data.num_replaced_tokens == 0
+    # a block re-written in place at a reported ordinal
+    request.block_tables[0][1] = 31
+    data = only(manager.build_scheduler_output([], [request]))
+    assert (data.new_block_ids, data.num_replaced_blocks_by_group) == ([31, 22], [2])
+
+
+def test_sliding_window_release_is_a_count_not_a_resend(backend):
+    manager = SchedulerOutputManager()
+    request = decode_request(backend, num_layer_groups=2)
+    request.block_tables[1].extend([12, 13])
+    manager.build_scheduler_output([request], [])
+    request.block_tables[1].release_front(3)
+    request.block_tables[1].append(14)
+    data = only(manager.build_scheduler_output([request], []))
+    assert data.new_block_ids_by_group == [[], [14]]
+    assert data.num_replaced_blocks_by_group == [0, 0]
+    assert data.num_released_blocks_by_group == [0, 3]
+    # the count is absolute: it is repeated, and carries nothing, on later reports
+    data = only(manager.build_scheduler_output([request], []))
+    assert data.new_block_ids_by_group == [[], []]
+    assert data.num_released_blocks_by_group == [0, 3]
+    assert request.block_tables[1].tolist() == [-1, -1, -1, 13, 14]
+
+
+def test_context_chunks_and_matched_tokens(backend):
+    manager = SchedulerOutputManager()
+    request = decode_request(backend)
+    request.context_chunk_size = 16
+    manager.record_matched_tokens(7, 8)  # before the first report: state is created
+    assert manager.tracked_request_ids() == [7]
+    request.context_current_position = 8  # the connector supplied the first 8 tokens
+    data = only(manager.build_scheduler_output([request], []))
+    assert (data.computed_position, data.num_scheduled_tokens, data.is_new) == (0, 16, True)
+    request.move_to_next_context_chunk()
+    data = only(manager.build_scheduler_output([request], []))  # subtracted on the next report only
+    assert (data.computed_position, data.num_scheduled_tokens, data.is_new) == (24, 16, False)
+    assert data.new_tokens == []
+    # a later record replaces, and the next report (here generation) uses it once
+    manager.record_matched_tokens(7, 5)
+    manager.record_matched_tokens(7, 3)
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    request.add_new_token(9)
+    request.draft_tokens = [1, 2]
+    data = only(manager.build_scheduler_output([], [request]))
+    assert (data.computed_position, data.num_scheduled_tokens) == (64 - 3, 3)
+    data = only(manager.build_scheduler_output([], [request]))
+    assert data.computed_position == 64
+
+
+def test_pause_and_reset_make_the_next_report_new(backend):
+    manager = SchedulerOutputManager()
+    request = decode_request(backend)
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    request.add_new_token(5)
+    manager.build_scheduler_output([], [request])
+    manager.reset_request(7)
+    data = only(manager.build_scheduler_output([], [request]))
+    assert data.is_new and data.new_tokens == PROMPT + [5] and data.new_block_ids == [10, 11]
+    assert not only(manager.build_scheduler_output([], [request])).is_new
+    request.pause(100)  # prompt is now 65 tokens, blocks dropped
+    request.block_tables[0].extend([40, 41, 42])
+    data = only(manager.build_scheduler_output([request], []))
+    assert data.is_new and data.new_tokens == PROMPT + [5] and data.new_block_ids == [40, 41, 42]
+    assert data.computed_position == 0 and data.num_scheduled_tokens == 65
+    assert not only(manager.build_scheduler_output([request], [])).is_new
+
+
+def test_unscheduled_requests_keep_their_state(backend):
+    manager = SchedulerOutputManager()
+    first, second = decode_request(backend, 1), decode_request(backend, 2)
+    manager.build_scheduler_output([first, second], [])
+    second.truncate(64)
+    second.block_tables[0].truncate(1)
+    second.block_tables[0].append(99)
+    for _ in range(3):
+        manager.build_scheduler_output([first], [])
+    data = only(manager.build_scheduler_output([second], []))
+    assert (data.is_new, data.new_block_ids, data.num_replaced_blocks_by_group) == (False, [99], [1])
+
+
+def test_finished_requests_drop_their_state(backend):
+    manager = SchedulerOutputManager()
+    requests = [decode_request(backend, request_id) for request_id in range(50)]
+    manager.build_scheduler_output(requests, [])
+    assert manager.num_tracked_requests == 50
+    for request in requests[:45]:
+        manager.request_finished(request.request_id)
+    manager.request_finished(12345)  # unknown: ignored
+    manager.request_finished(3)  # twice: ignored
+    manager.reset_request(12345)  # unknown: ignored, not tracked
+    assert manager.tracked_request_ids() == list(range(45, 50))
+    assert manager.num_tracked_requests == 5
+    # an id coming back after it finished is a new request
+    data = only(manager.build_scheduler_output([decode_request(backend, 3)], []))
+    assert data.is_new
+
+
+def test_columnar_arrays(backend):
+    manager = SchedulerOutputManager()
+    context = decode_request(backend, 1, prompt=[1, 2, 3], num_layer_groups=2)
+    generation = decode_request(backend, 2, prompt=[4, 5], num_layer_groups=1)
+    generation.state = RequestState.GENERATION_IN_PROGRESS
+    output = manager.build_scheduler_output([context], [generation])
+    assert isinstance(output, SchedulerOutput) and len(output) == 2
+    assert output.num_context_requests == 1
+    assert output.request_ids.tolist() == [1, 2] and output.request_ids.dtype == np.int64
+    assert output.is_new.tolist() == [True, True] and output.is_new.dtype == np.bool_
+    assert output.computed_positions.tolist() == [0, 1]
+    assert output.num_scheduled_tokens.tolist() == [3, 1]
+    assert output.num_replaced_tokens.tolist() == [0, 0]
+    assert output.tokens.dtype == np.int32 and output.tokens.tolist() == [1, 2, 3, 4, 5]
+    assert output.token_offsets.tolist() == [0, 3, 5]
+    assert output.group_offsets.tolist() == [0, 2, 3]
+    assert output.block_offsets.tolist() == [0, 2, 4, 6]
+    assert output.block_ids.dtype == np.int32 and output.block_ids.tolist() == [10, 11, 10, 11, 10, 11]
+    assert output.num_replaced_blocks.tolist() == [0, 0, 0]
+    assert output.num_released_blocks.tolist() == [0, 0, 0]
+    data = output.request_data(0)
+    assert isinstance(data, RequestData)
+    assert data.new_block_ids_by_group == [[10, 11], [10, 11]]
+    assert data.num_layer_groups == 2
+    assert output.new_requests is output.new_requests  # built once
+    with pytest.raises(IndexError):
+        output.request_data(2)
+    empty = manager.build_scheduler_output([], [])
+    assert len(empty) == 0 and empty.token_offsets.tolist() == [0] and empty.block_offsets.tolist() == [0]
+    assert empty.new_requests == [] and empty.cached_requests == []
+
+
+def test_accepts_tuples_and_subclasses(backend):
+    class MyRequest(backend.Request):
+        pass
+
+    manager = SchedulerOutputManager()
+    request = MyRequest(3, [1, 2])
+    data = only(manager.build_scheduler_output((request,), ()))
+    assert data.new_tokens == [1, 2]
