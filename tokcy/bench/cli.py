@@ -88,7 +88,7 @@ def main(argv=None) -> int:
 
         plan = Plan(warmup=1, rounds=1, per_round=1, budget_s=0.01, min_rounds=1, min_sample_s=1e-6)
     info = machine.describe()
-    print(report.header(info, wanted, level), flush=True)
+    print(report.header(info, wanted, level, plan), flush=True)
 
     scenarios = []
     for name in args.scenario or SCENARIOS:
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     progress(f"tokcy bench: done in {time.perf_counter() - started:.1f} s")
 
     if args.json:
-        report.write_json(args.json, report.to_json(info, level, results))
+        report.write_json(args.json, report.to_json(info, level, results, plan))
         progress(f"tokcy bench: raw figures written to {args.json}")
     if args.plot:
         try:

@@ -37,8 +37,8 @@ def format_config(value) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
-def header(machine: dict, backends: list, level: str) -> str:
-    plan = PLANS.get(level, PLANS["quick"])
+def header(machine: dict, backends: list, level: str, plan=None) -> str:
+    plan = plan or PLANS.get(level, PLANS["quick"])
     cores = machine.get("cores")
     usable = machine.get("usable_cores")
     core_text = f"{cores} cores" + (f" ({usable} usable)" if usable and usable != cores else "")
@@ -90,9 +90,9 @@ def table(scenario, backend: str, rows: list) -> str:
     return "\n".join(out)
 
 
-def to_json(machine: dict, level: str, results: list) -> dict:
+def to_json(machine: dict, level: str, results: list, plan=None) -> dict:
     """results: [(scenario, backend, rows)] -> plain JSON-able dict."""
-    plan = PLANS.get(level, PLANS["quick"])
+    plan = plan or PLANS.get(level, PLANS["quick"])
     return {
         "machine": machine,
         "level": level,
