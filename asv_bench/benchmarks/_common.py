@@ -1,0 +1,34 @@
+"""Helpers shared by the benchmark modules (not benchmarks themselves)."""
+
+import numpy as np
+
+BACKENDS = ["cython", "python"]
+VOCAB = 128_000
+
+
+def backend_module(name):
+    """``tokcy._core`` or ``tokcy._pure``; NotImplementedError (asv: skipped) if not built."""
+    if name == "cython":
+        try:
+            from tokcy import _core
+        except ImportError as error:
+            raise NotImplementedError(f"tokcy._core is not built: {error}")
+        return _core
+    from tokcy import _pure
+
+    return _pure
+
+
+def use_backend(name):
+    """Make ``name`` the live backend for tokcy's public functions (as the test fixture does)."""
+    import tokcy
+    from tokcy import _backend
+
+    module = backend_module(name)
+    _backend.module, _backend.BACKEND = module, name
+    tokcy.Request, tokcy.BlockTable = module.Request, module.BlockTable
+    return module
+
+
+def tokens(n, seed=0):
+    return np.random.default_rng(seed).integers(0, VOCAB, n, dtype=np.int32)

@@ -1,0 +1,56 @@
+"""Selecting the backend a scenario runs on, without restarting Python.
+
+Public code (``tokcy.executor``, ``tokcy.connector``) looks the backend up through
+``tokcy._backend.module`` when it is called, so switching that attribute (as the test
+fixture does) switches everything; requests are created from the chosen module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import tokcy
+from tokcy import _backend
+
+NAMES = ("cython", "python")
+
+
+def load(name: str):
+    """The backend module for ``name``; ImportError if the compiled core is not built."""
+    if name == "cython":
+        from tokcy import _core
+
+        return _core
+    if name == "python":
+        from tokcy import _pure
+
+        return _pure
+    raise ValueError(f"unknown backend {name!r} (expected 'cython' or 'python')")
+
+
+def name_of(module) -> str:
+    return "cython" if module.__name__.endswith("_core") else "python"
+
+
+def available() -> list[str]:
+    names = []
+    for name in NAMES:
+        try:
+            load(name)
+        except ImportError:
+            continue
+        names.append(name)
+    return names
+
+
+@contextlib.contextmanager
+def use(name: str):
+    """Make backend ``name`` the live one inside the block; yields its module."""
+    module = load(name)
+    saved = (_backend.module, _backend.BACKEND, tokcy.Request, tokcy.BlockTable, tokcy.BACKEND)
+    _backend.module, _backend.BACKEND = module, name
+    tokcy.Request, tokcy.BlockTable, tokcy.BACKEND = module.Request, module.BlockTable, name
+    try:
+        yield module
+    finally:
+        _backend.module, _backend.BACKEND, tokcy.Request, tokcy.BlockTable, tokcy.BACKEND = saved

@@ -1,0 +1,131 @@
+"""``python -m tokcy bench`` (or ``tokcy bench``): the seeds' scenarios, timed on this machine.
+
+Prints one table per scenario and backend: each configuration, the median time of each
+implementation (median of round medians, see ``tokcy.bench.timing``) and tokcy's speed-up
+over each. Progress goes to stderr, tables to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+from tokcy.bench import backends, machine, report
+from tokcy.bench.scenario import LEVELS
+from tokcy.bench.timing import PLANS
+
+SCENARIOS = ("accessors", "executor", "connector", "memory")
+
+
+def load_scenario(name: str):
+    """The scenario object, or a string saying why it cannot run here."""
+    try:
+        module = importlib.import_module(f"tokcy.bench.{name}")
+    except ImportError as error:
+        return f"{name}: skipped, it needs code that is not available ({error})"
+    scenario = module.SCENARIO
+    missing = scenario.missing()
+    return f"{name}: skipped, {missing}" if missing else scenario
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tokcy bench",
+        description="Time tokcy against the patterns it replaces (the seeds' 'before' and 'after' code, "
+        "a numpy-vectorised baseline, Python lists) on this machine, and print one table per scenario.",
+    )
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="level", action="store_const", const="quick",
+                      help="fewer sizes and rounds: under about 20 s")
+    size.add_argument("--full", dest="level", action="store_const", const="full",
+                      help="more sizes, the seed's full plan (10 warm-up, 9 rounds x 15) with no time cap: about 10 minutes "
+                      "(the 'before' pattern at 131,072 tokens takes about a second per iteration)")
+    size.add_argument("--smoke", dest="level", action="store_const", const="smoke", help=argparse.SUPPRESS)
+    p.set_defaults(level="default")
+    p.add_argument("--backend", choices=("cython", "python", "both"), default=None,
+                   help="which tokcy backend to time (default: the live one, tokcy.BACKEND)")
+    p.add_argument("--scenario", action="append", choices=SCENARIOS, metavar="NAME",
+                   help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)}")
+    p.add_argument("--json", metavar="PATH", help="write the raw figures (every round median) as JSON")
+    p.add_argument("--plot", metavar="PATH",
+                   help="draw host time per iteration against sequence length, log axes (needs matplotlib)")
+    return p
+
+
+def progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    import tokcy
+
+    if args.backend is None:
+        wanted = [tokcy.BACKEND]
+    elif args.backend == "both":
+        wanted = list(backends.NAMES)
+    else:
+        wanted = [args.backend]
+    available = backends.available()
+    unavailable = [name for name in wanted if name not in available]
+    if unavailable:
+        print(f"tokcy bench: backend {', '.join(unavailable)} is not available here: tokcy._core is not built "
+              "(reinstall without TOKCY_NO_EXTENSIONS, with a C compiler; or use --backend python)", file=sys.stderr)
+        return 2
+    if args.plot:  # fail before the run, not after it
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as error:
+            print(f"tokcy bench: --plot needs matplotlib, which is not installed ({error}); "
+                  "install it with: pip install 'tokcy[bench]'  (or: pip install matplotlib)", file=sys.stderr)
+            return 2
+
+    level = args.level
+    plan = PLANS.get(level, PLANS["quick"])
+    if level == "smoke":
+        from tokcy.bench.timing import Plan
+
+        plan = Plan(warmup=1, rounds=1, per_round=1, budget_s=0.01, min_rounds=1, min_sample_s=1e-6)
+    info = machine.describe()
+    print(report.header(info, wanted, level, plan), flush=True)
+
+    scenarios = []
+    for name in args.scenario or SCENARIOS:
+        loaded = load_scenario(name)
+        if isinstance(loaded, str):
+            progress(f"tokcy bench: {loaded}")
+            print(f"\n== {loaded}")
+        else:
+            scenarios.append(loaded)
+    jobs = [(scenario, backend, config) for backend in wanted for scenario in scenarios for config in scenario.configs(level)]
+    results, started, done = [], time.perf_counter(), 0
+    for backend in wanted:
+        with backends.use(backend) as module:
+            for scenario in scenarios:
+                rows = []
+                for config in scenario.configs(level):
+                    done += 1
+                    progress(f"[{done:>3}/{len(jobs)}] {time.perf_counter() - started:6.1f} s  "
+                             f"{scenario.name} [{backend}] {scenario.describe(config)}")
+                    rows.append(scenario.run(config, module, plan))
+                results.append((scenario, backend, rows))
+                print("\n" + report.table(scenario, backend, rows), flush=True)
+    progress(f"tokcy bench: done in {time.perf_counter() - started:.1f} s")
+
+    if args.json:
+        report.write_json(args.json, report.to_json(info, level, results, plan))
+        progress(f"tokcy bench: raw figures written to {args.json}")
+    if args.plot:
+        try:
+            report.plot(args.plot, info, results)
+        except report.PlotUnavailable as error:
+            print(f"tokcy bench: {error}", file=sys.stderr)
+            return 2
+        progress(f"tokcy bench: plot written to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

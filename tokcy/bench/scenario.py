@@ -1,0 +1,82 @@
+"""The shape every scenario module fills in, and the results it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LEVELS = ("smoke", "quick", "default", "full")  # "smoke": tiny sizes, for the test suite only
+
+
+@dataclass
+class Row:
+    """One configuration: a median per implementation (seconds per iteration, or bytes per token)."""
+
+    config: dict
+    values: dict  # implementation -> median (lower is better)
+    timings: dict = field(default_factory=dict)  # implementation -> Timing.as_dict(), when timed
+    reference: dict = field(default_factory=dict)  # label -> figure quoted from a seed, same unit
+    note: str = ""
+
+    def ratios(self, tokcy_name: str = "tokcy") -> dict:
+        """baseline / tokcy for every other implementation (tokcy's speed-up or saving)."""
+        mine = self.values.get(tokcy_name)
+        out = {}
+        for name, value in self.values.items():
+            if name != tokcy_name:
+                out[name] = (value / mine) if mine and value is not None else None
+        return out
+
+    def as_dict(self) -> dict:
+        return {
+            "config": self.config,
+            "values": self.values,
+            "ratios": self.ratios(),
+            "timings": self.timings,
+            "reference": self.reference,
+            "note": self.note,
+        }
+
+
+class Scenario:
+    """Base class: a name, a table layout, configurations per level, and ``run``."""
+
+    name = ""
+    title = ""
+    unit = "s"  # "s" (seconds per iteration) or "B/token"
+    ratio_label = "speed-up"
+    columns: tuple = ()  # (config key, column heading)
+    implementations: tuple = ("tokcy",)
+    legend: tuple = ()  # lines printed under the table
+    needs: tuple = ()  # modules that must import for the scenario to run
+    plot_x: str | None = None  # config key on the plot's x axis
+    plot_xlabel = ""
+    plot_ylabel = "host time per iteration (s)"
+
+    def missing(self) -> str | None:
+        """Why this scenario cannot run here (a module it needs is absent), or None."""
+        import importlib
+
+        for module in self.needs:
+            try:
+                importlib.import_module(module)
+            except ImportError as error:
+                return f"{module} is not available ({error})"
+        return None
+
+    def configs(self, level: str) -> list:
+        raise NotImplementedError
+
+    def describe(self, config: dict) -> str:
+        return " ".join(f"{key}={value}" for key, value in config.items())
+
+    def run(self, config: dict, backend, plan) -> Row:
+        raise NotImplementedError
+
+    def plot_series(self, rows: list) -> list:
+        """[(label, xs, ys)] for the plot; by default one line per implementation over plot_x."""
+        series = []
+        for name in self.implementations:
+            points = sorted((row.config[self.plot_x], row.values[name]) for row in rows if row.values.get(name))
+            if points:
+                series.append((name, [x for x, _ in points], [y for _, y in points]))
+        return series

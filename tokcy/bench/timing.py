@@ -1,0 +1,125 @@
+"""How every figure of ``python -m tokcy bench`` is timed.
+
+The method is the one the seeds used: a warm-up, then ``rounds`` rounds of ``per_round``
+timed iterations each; a round's figure is the median of its iterations and the reported
+figure is the median of the round medians. An *iteration* is one call of the measured
+step (one engine iteration: one ``prepare_inputs``, one scheduler output) or, for steps
+far shorter than the clock's resolution, ``number`` back-to-back calls divided by
+``number`` (calibrated, as ``timeit`` does). An optional ``before`` callable runs,
+untimed, before every iteration (to append the iteration's new tokens, for instance).
+
+A plan may carry a time budget: when one iteration is slow (a "before" pattern at 131,072
+tokens), the rounds shrink so that one measurement stays within the budget, never below
+``min_rounds`` rounds of one iteration. The JSON output records what actually ran.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+__all__ = ["Plan", "Timing", "measure", "PLANS"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    warmup: int = 10
+    rounds: int = 9
+    per_round: int = 15
+    budget_s: float | None = None  # cap on one measurement's timed part (None: the seed's plan as is)
+    min_rounds: int = 3
+    min_sample_s: float = 20e-6  # a sample of `number` calls lasts at least this long
+
+    def fit(self, seconds_per_iteration: float) -> "Plan":
+        """This plan, shrunk so that rounds * per_round iterations fit in the budget."""
+        if self.budget_s is None or seconds_per_iteration <= 0:
+            return self
+        fits = int(self.budget_s / seconds_per_iteration)
+        if fits >= self.rounds * self.per_round:
+            return self
+        rounds = max(self.min_rounds, min(self.rounds, fits // max(1, self.per_round)))
+        per_round = max(1, min(self.per_round, fits // rounds))
+        warmup = max(1, min(self.warmup, fits // 4))
+        return replace(self, rounds=rounds, per_round=per_round, warmup=warmup)
+
+
+# The seed's plan ("10 warmup iterations, then nine rounds of 15 iterations, median of the
+# round medians"), capped per measurement so that the default run stays under two minutes.
+PLANS = {
+    "quick": Plan(warmup=2, rounds=3, per_round=5, budget_s=0.05, min_rounds=3),
+    "default": Plan(warmup=10, rounds=9, per_round=15, budget_s=0.6),
+    "full": Plan(warmup=10, rounds=9, per_round=15, budget_s=None),
+}
+
+
+@dataclass
+class Timing:
+    """Seconds per iteration: ``median`` is the median of ``round_medians``."""
+
+    median: float
+    round_medians: list = field(default_factory=list)
+    rounds: int = 0
+    per_round: int = 0
+    warmup: int = 0
+    number: int = 1
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _calibrate(step, plan: Plan) -> int:
+    """Calls per sample so that one sample lasts at least ``plan.min_sample_s``."""
+    number = 1
+    while True:
+        start = time.perf_counter()
+        for _ in itertools.repeat(None, number):
+            step()
+        elapsed = time.perf_counter() - start
+        if elapsed >= plan.min_sample_s or number >= 1 << 20:
+            return number
+        number *= 2 if elapsed * 8 > plan.min_sample_s else 8
+
+
+def measure(step, plan: Plan, *, before=None, number: int | None = None) -> Timing:
+    """Time ``step()`` with ``plan``; see the module docstring."""
+    clock = time.perf_counter
+    repeat = itertools.repeat
+    if before is not None:
+        before()
+    start = clock()
+    step()  # first call: a rough size of one iteration, and part of the warm-up
+    first = clock() - start
+    if number is None:
+        number = 1 if first >= plan.min_sample_s else _calibrate(step, plan)
+    plan = plan.fit(first * number)
+    for _ in range(plan.warmup - 1):
+        if before is not None:
+            before()
+        for _ in repeat(None, number):
+            step()
+    round_medians = []
+    for _ in range(plan.rounds):
+        samples = []
+        for _ in range(plan.per_round):
+            if before is not None:
+                before()
+            if number == 1:
+                start = clock()
+                step()
+                samples.append(clock() - start)
+            else:
+                start = clock()
+                for _ in repeat(None, number):
+                    step()
+                samples.append((clock() - start) / number)
+        round_medians.append(statistics.median(samples))
+    return Timing(
+        median=statistics.median(round_medians),
+        round_medians=round_medians,
+        rounds=plan.rounds,
+        per_round=plan.per_round,
+        warmup=plan.warmup,
+        number=number,
+    )
