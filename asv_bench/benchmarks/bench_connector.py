@@ -17,23 +17,15 @@ The seed's own figures (engine, main -> PR, ms per iteration) for scale:
 
 import numpy as np
 
-from tokcy import RequestState, _backend, _pure
+from tokcy import RequestState, _backend
 from tokcy._baselines.connector import AfterSchedulerOutputManager, BeforeSchedulerOutputManager
 from tokcy.connector import SchedulerOutputManager
+
+from ._common import backend_module
 
 BLOCK = 32
 SHAPES = ["16x8192", "16x32768", "64x2048", "64x8192", "256x2048", "256x4096", "8x131072", "8x2048"]
 IMPLEMENTATIONS = ["tokcy", "tokcy+RequestData", "before", "after"]
-
-
-def backend_module(name):
-    if name == "python":
-        return _pure
-    try:
-        from tokcy import _core
-    except ImportError:
-        raise NotImplementedError("tokcy._core is not built") from None
-    return _core
 
 
 def make_manager(implementation):
