@@ -6,7 +6,9 @@ chunked prefill and generation (0-4 tokens per step, drafts accepted and rejecte
 truncate-then-append, shrink and regrowth between reports), have blocks freed and
 re-allocated at already-reported ordinals (truncate then append, or ``table[i] = x``),
 sliding-window releases, 1-3 layer groups, ``pause`` and ``reset_request`` replays,
-connector-supplied tokens, requests skipped for an iteration, finishing and id reuse.
+connector-supplied tokens (recorded in context and in generation, where the next report
+discards them), generation requests reported as device-token rows, requests skipped for
+an iteration, finishing and id reuse.
 After every report it applies the report to a ``Mirror`` built only from reports and
 asserts the mirror equals each reported request's real beam-0 tokens and block tables,
 the computed position and scheduled tokens are as DESIGN.md says, and the manager tracks
@@ -175,14 +177,20 @@ class World:
                     request.pause(request.prompt_len + rng.randint(0, request.max_num_generated_tokens))
                     self.mirrors.pop(request_id, None)
                     self.allocate(request, request.context_chunk_size)
+                    if request_id in self.matched:  # the cursor is 0 again: re-match
+                        manager.record_matched_tokens(request_id, 0)
+                        self.matched[request_id] = 0
                 else:
                     self.mutate_generation(request)
             self.mutate_blocks(request)
             if rng.random() < 0.05:
                 manager.reset_request(request_id)
                 self.mirrors.pop(request_id, None)
-            if request.state == RequestState.CONTEXT_INIT and rng.random() < 0.15:
-                count = rng.randint(0, request.context_current_position)
+            if rng.random() < 0.15:  # used by a context row, discarded by any other
+                if request.state == RequestState.CONTEXT_INIT:
+                    count = rng.randint(0, request.context_current_position)
+                else:
+                    count = rng.randint(1, 8)
                 manager.record_matched_tokens(request_id, count)
                 self.matched[request_id] = count
                 self.tracked.add(request_id)
@@ -192,19 +200,29 @@ class World:
         scheduled = [request for request in self.live.values() if rng.random() < 0.85]
         rng.shuffle(scheduled)
         context = [request for request in scheduled if request.state == RequestState.CONTEXT_INIT]
-        generation = [request for request in scheduled if request.state != RequestState.CONTEXT_INIT]
-        expected = [self.expect(request, True) for request in context]
-        expected += [self.expect(request, False) for request in generation]
-        output = manager.build_scheduler_output(context, generation)
-        self.check(output, context + generation, expected)
+        generation, device = [], []
+        for request in scheduled:
+            if request.state != RequestState.CONTEXT_INIT:
+                (device if rng.random() < 0.3 else generation).append(request)
+        expected = [self.expect(request, "context") for request in context]
+        expected += [self.expect(request, "generation") for request in generation]
+        expected += [self.expect(request, "device") for request in device]
+        if device or rng.random() < 0.5:
+            output = manager.build_scheduler_output(context, generation, device)
+        else:
+            output = manager.build_scheduler_output(context, generation)
+        self.check(output, context + generation + device, expected)
         self.advance(context)
 
-    def expect(self, request, in_context):
+    def expect(self, request, kind):
         request_id = request.request_id
-        matched = self.matched.pop(request_id, 0)
-        if in_context:
+        matched = self.matched.pop(request_id, 0)  # pending until the next report, whatever its kind
+        n = request.get_num_tokens(0)
+        if kind == "context":
             return request_id, request.context_current_position - matched, request.context_chunk_size
-        return request_id, request.get_num_tokens(0) - 1 - matched, 1 + request.num_draft_tokens
+        if kind == "generation":
+            return request_id, n - 1, 1 + request.num_draft_tokens
+        return request_id, n, 1  # device token: fed at position n
 
     def check(self, output, requests, expected):
         rows = output.requests

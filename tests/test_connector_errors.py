@@ -110,9 +110,46 @@ def test_requests_of_the_other_backend_are_refused(backend, both_backends):
     compiled, pure = both_backends
     other = pure if backend is compiled else compiled
     manager = SchedulerOutputManager()
-    with pytest.raises(TypeError, match=r"context_requests\[0\] must be a Request, not Request"):
+    live = "tokcy._core.Request" if backend is compiled else "tokcy._pure.request.Request"
+    given = "tokcy._pure.request.Request" if backend is compiled else "tokcy._core.Request"
+    message = f"context_requests[0] must be a Request, not {given} (the live backend takes {live})"
+    with pytest.raises(TypeError) as caught:
         manager.build_scheduler_output([other.Request(1, [1])], [])
+    assert str(caught.value) == message
     assert manager.num_tracked_requests == 0
+
+
+def uninitialised_requests(backend):
+    class SkipsInit(backend.Request):
+        def __init__(self, request_id):
+            pass  # no super().__init__()
+
+    return [backend.Request.__new__(backend.Request), SkipsInit(5)]
+
+
+@pytest.mark.parametrize("case", range(2))
+def test_request_whose_init_never_ran(backend, case):
+    """Never a crash: a TypeError naming it (the buffers are missing), or, where the Request
+    makes its buffers before __init__, a report of an empty request. Either way nothing else
+    changes."""
+    manager, context, generation = make_world(backend)
+    twin_manager, twin_context, twin_generation = make_world(backend)
+    bare = uninitialised_requests(backend)[case]
+    for groups in (([context, bare], [generation]), ([context], [generation], [bare])):
+        try:
+            output = manager.build_scheduler_output(*groups)
+        except TypeError as error:
+            group = "context_requests[1]" if len(groups) == 2 else "device_token_requests[0]"
+            assert str(error).startswith(f"{group} ({type(bare).__module__}.{type(bare).__qualname__}) has no token")
+            assert "Request.__init__" in str(error)
+            assert manager.tracked_request_ids() == [1, 2]
+        else:  # buffers made by the allocator: an empty request, reported like any other
+            row = output.requests[-1 if len(groups) == 3 else 1]
+            assert row.new_tokens == [] and row.num_replaced_tokens == 0
+            return
+    assert report(manager.build_scheduler_output([context], [generation])) == report(
+        twin_manager.build_scheduler_output([twin_context], [twin_generation])
+    )
 
 
 def test_messages_are_identical_on_both_backends(both_backends, monkeypatch):

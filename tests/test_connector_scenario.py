@@ -135,16 +135,127 @@ def test_context_chunks_and_matched_tokens(backend):
     data = only(manager.build_scheduler_output([request], []))  # subtracted on the next report only
     assert (data.computed_position, data.num_scheduled_tokens, data.is_new) == (24, 16, False)
     assert data.new_tokens == []
-    # a later record replaces, and the next report (here generation) uses it once
+
+
+def test_matched_tokens_apply_to_a_later_cached_context_row(backend):
+    """Matched tokens are not tied to the first report: any next report that is a context row."""
+    manager = SchedulerOutputManager()
+    request = decode_request(backend)
+    request.context_chunk_size = 16
+    manager.build_scheduler_output([request], [])
+    request.move_to_next_context_chunk()  # cursor 16
     manager.record_matched_tokens(7, 5)
-    manager.record_matched_tokens(7, 3)
+    manager.record_matched_tokens(7, 3)  # replaces, does not add
+    manager.build_scheduler_output([], [])  # not scheduled: still pending
+    data = only(manager.build_scheduler_output([request], []))
+    assert (data.is_new, data.computed_position, data.num_scheduled_tokens) == (False, 13, 16)
+    data = only(manager.build_scheduler_output([request], []))  # used once
+    assert data.computed_position == 16
+    manager.record_matched_tokens(7, 16)  # exactly the cursor: position 0
+    assert only(manager.build_scheduler_output([request], [])).computed_position == 0
+    manager.record_matched_tokens(7, 0)
+    assert only(manager.build_scheduler_output([request], [])).computed_position == 16
+
+
+def test_matched_tokens_are_discarded_by_a_generation_or_device_row(backend):
+    manager = SchedulerOutputManager()
+    request = decode_request(backend)
+    manager.build_scheduler_output([request], [])
+    request.move_to_next_context_chunk()
     request.state = RequestState.GENERATION_IN_PROGRESS
     request.add_new_token(9)
     request.draft_tokens = [1, 2]
+    manager.record_matched_tokens(7, 3)
     data = only(manager.build_scheduler_output([], [request]))
-    assert (data.computed_position, data.num_scheduled_tokens) == (64 - 3, 3)
+    assert (data.computed_position, data.num_scheduled_tokens) == (64, 3)  # not 61: discarded
+    request.draft_tokens = []
     data = only(manager.build_scheduler_output([], [request]))
     assert data.computed_position == 64
+    manager.record_matched_tokens(7, 50)
+    data = only(manager.build_scheduler_output([], [], [request]))
+    assert (data.computed_position, data.num_scheduled_tokens) == (65, 1)
+    # discarded, not kept for a later context row: after a pause the cursor is 0 again
+    request.pause(100)
+    data = only(manager.build_scheduler_output([request], []))
+    assert (data.is_new, data.computed_position) == (True, 0)
+
+
+def test_matched_tokens_beyond_the_cursor(backend):
+    manager = SchedulerOutputManager()
+    request = decode_request(backend)
+    request.context_chunk_size = 16
+    other = decode_request(backend, 8)
+    manager.record_matched_tokens(7, 1)  # cursor 0: one matched token is too many
+    with pytest.raises(ValueError, match="request 7: 1 connector-matched tokens exceed its context position 0"):
+        manager.build_scheduler_output([other, request], [])
+    assert manager.tracked_request_ids() == [7]  # request 8 was not added
+    request.context_current_position = 1  # now it fits, and is still pending
+    data = only(manager.build_scheduler_output([request], []))
+    assert (data.is_new, data.computed_position, data.new_tokens) == (True, 0, PROMPT)
+    with pytest.raises(ValueError, match="num_tokens must be >= 0, got -2"):
+        manager.record_matched_tokens(7, -2)
+    with pytest.raises(ValueError, match="num_tokens must be >= 0"):
+        manager.record_matched_tokens(99, -1)
+    assert manager.tracked_request_ids() == [7]
+
+
+def test_device_token_requests(backend):
+    """Overlap scheduling: the newest token is on the device, fed at position n = host tokens."""
+    manager = SchedulerOutputManager()
+    context = decode_request(backend, 1, prompt=[1, 2, 3, 4])
+    context.context_chunk_size = 2
+    generation = decode_request(backend, 2, prompt=[5, 6])
+    generation.state = RequestState.GENERATION_IN_PROGRESS
+    generation.draft_tokens = [8]
+    device = decode_request(backend, 3, prompt=[7, 7, 7])
+    device.state = RequestState.GENERATION_IN_PROGRESS
+    device.draft_tokens = [1, 2]  # not counted: a device-token row computes one token
+    output = manager.build_scheduler_output([context], [generation], [device])
+    assert output.request_ids.tolist() == [1, 2, 3] and output.num_context_requests == 1
+    assert output.is_new.tolist() == [True, True, True]
+    assert output.computed_positions.tolist() == [0, 1, 3]
+    assert output.num_scheduled_tokens.tolist() == [2, 2, 1]
+    assert output.tokens.tolist() == [1, 2, 3, 4, 5, 6, 7, 7, 7]
+    assert output.token_offsets.tolist() == [0, 4, 6, 9]
+    assert output.group_offsets.tolist() == [0, 1, 2, 3]
+
+    # the device's token (n = 3 -> 4) reaches the host; the next token is on the device again
+    device.add_new_token(70)
+    data = only(manager.build_scheduler_output([], [], (device,)))
+    assert data.as_dict() == {
+        "request_id": 3,
+        "is_new": False,
+        "new_tokens": [70],
+        "new_block_ids_by_group": [[]],
+        "computed_position": 4,
+        "num_scheduled_tokens": 1,
+        "num_replaced_tokens": 0,
+        "num_replaced_blocks_by_group": [0],
+        "num_released_blocks_by_group": [0],
+    }
+    # nothing reached the host in between: same position, no new tokens
+    data = only(manager.build_scheduler_output([], [], [device]))
+    assert (data.new_tokens, data.computed_position, data.num_scheduled_tokens) == ([], 4, 1)
+    # two tokens arrive and a block is added; the request goes back to a generation row
+    device.add_new_token(71)
+    device.add_new_token(72)
+    device.block_tables[0].append(12)
+    device.draft_tokens = []
+    data = only(manager.build_scheduler_output([], [device]))
+    assert (data.new_tokens, data.new_block_ids, data.computed_position, data.num_scheduled_tokens) == (
+        [71, 72], [12], 5, 1
+    )
+    # a device row after a rewrite of the tail: the delta replaces, the position is n
+    device.truncate(5)
+    device.add_new_token(80)
+    data = only(manager.build_scheduler_output([], [], [device]))
+    assert (data.new_tokens, data.num_replaced_tokens, data.computed_position) == ([80], 1, 6)
+    assert device.get_tokens(0) == [7, 7, 7, 70, 71, 80]
+    # all three groups are checked for duplicates and bad items, with the group named
+    with pytest.raises(ValueError, match="request 3 is scheduled more than once"):
+        manager.build_scheduler_output([], [device], [device])
+    with pytest.raises(TypeError, match=r"device_token_requests\[1\] must be a Request, not int"):
+        manager.build_scheduler_output([], [], [device, 5])
 
 
 def test_pause_and_reset_make_the_next_report_new(backend):

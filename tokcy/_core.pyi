@@ -152,11 +152,17 @@ class InputWriter:
 
 # ---------------------------------------------------------------- connector (hot loop 2)
 # The per-request report state behind tokcy.connector.SchedulerOutputManager; build()
-# returns the columns of tokcy.connector.SchedulerOutput, in its constructor's order.
+# returns the columns of tokcy.connector.SchedulerOutput, in its constructor's order (rows:
+# context, generation, then device-token requests). While a build() runs (its copy may run
+# without the GIL), build / record_matched_tokens / reset_request / request_finished raise
+# RuntimeError. Error messages: tokcy/_report_checks.py.
 class ReportState:
     def __init__(self) -> None: ...
     def build(
-        self, context_requests: Sequence[Request], generation_requests: Sequence[Request]
+        self,
+        context_requests: Iterable[Request],
+        generation_requests: Iterable[Request],
+        device_token_requests: Iterable[Request] = (),
     ) -> tuple[
         npt.NDArray[np.int64],  # request_ids
         npt.NDArray[np.bool_],  # is_new

@@ -13,9 +13,22 @@
 #   if anything fails); then the output arrays are allocated at their exact sizes; pass 2,
 #   without the GIL, memcpy's the deltas, commits the slots and resets the buffers'
 #   low-water marks. A failing call changes neither the manager nor any request.
+# * Memory safety with the GIL released: pass 2 runs without the GIL when it copies at
+#   least NOGIL_MIN_ENTRIES entries; then the end of pass 1 takes a strong reference (held,
+#   a C array of PyObject*) to every Int32Buffer whose dirty_from a job writes and to every
+#   storage array a job's data pointer reads; pass 2 reads only values planned in pass 1;
+#   the references are dropped after pass 2. A second build / record_matched_tokens /
+#   reset_request / request_finished on the same state while a build runs raises
+#   RuntimeError (busy) instead of moving slots, rows or segments under the writer.
+#   A request mutated by another thread during a report is the caller's race (the report
+#   shows it as at plan time), never a use-after-free.
+# * Errors: tokcy/_report_checks.py, shared with the pure twin.
 
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc, realloc
+
+from tokcy import _report_checks
 
 
 cdef struct ReportSlot:
@@ -37,7 +50,8 @@ cdef struct RowJob:
     int64_t request_id
     int64_t position
     int64_t scheduled
-    const int32_t* data        # beam-0 tokens
+    PyObject* buffer           # beam 0 (an Int32Buffer): borrowed in pass 1, held for a GIL-free pass 2
+    const int32_t* data        # beam-0 tokens (buffer.storage, held likewise)
     Py_ssize_t* dirty          # &beam0.dirty_from
     Py_ssize_t begin
     Py_ssize_t end
@@ -48,7 +62,8 @@ cdef struct RowJob:
 
 
 cdef struct SegmentJob:
-    const int32_t* data        # block ids of one group
+    PyObject* buffer           # table._buffer, as RowJob.buffer
+    const int32_t* data        # block ids of one group (its storage, as RowJob.data)
     Py_ssize_t* dirty          # &table._buffer.dirty_from
     Py_ssize_t begin
     Py_ssize_t end
@@ -57,6 +72,8 @@ cdef struct SegmentJob:
 
 
 cdef Py_ssize_t NO_ENTRY = -1
+# pass 2 releases the GIL when it copies at least this many int32 entries (256 KiB)
+cdef Py_ssize_t NOGIL_MIN_ENTRIES = 1 << 16
 
 
 cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:
@@ -99,6 +116,10 @@ cdef class ReportState:
     cdef SegmentJob* segments
     cdef Py_ssize_t segment_capacity
     cdef Py_ssize_t* fresh              # slots inserted by the current build(), undone on failure
+    cdef PyObject** held                # strong references owned by the current build()
+    cdef Py_ssize_t num_held
+    cdef Py_ssize_t held_capacity
+    cdef bint busy                      # a build() is running (maybe in pass 2, without the GIL)
 
     def __cinit__(self):
         self.free_head = NO_ENTRY
@@ -114,6 +135,8 @@ cdef class ReportState:
         free(self.rows)
         free(self.segments)
         free(self.fresh)
+        self._release_held()
+        free(self.held)
 
     # ------------------------------------------------------------------ hash table
     cdef int _grow_index(self, Py_ssize_t capacity) except -1:
@@ -255,14 +278,57 @@ cdef class ReportState:
             slot.group_capacity = num_groups
         return 0
 
+    # ------------------------------------------------------------------ owned references
+    cdef inline int _hold(self, object obj) except -1:
+        """Keep ``obj`` alive until ``_release_held`` (a strong reference, in C)."""
+        cdef PyObject** held
+        cdef Py_ssize_t capacity
+        if self.num_held == self.held_capacity:
+            capacity = grown_capacity(self.held_capacity, self.held_capacity + 1)
+            held = <PyObject**>realloc(self.held, capacity * sizeof(PyObject*))
+            if held == NULL:
+                raise MemoryError()
+            self.held = held
+            self.held_capacity = capacity
+        Py_INCREF(obj)
+        self.held[self.num_held] = <PyObject*>obj
+        self.num_held += 1
+        return 0
+
+    cdef void _release_held(self) noexcept:
+        while self.num_held:
+            self.num_held -= 1
+            Py_XDECREF(self.held[self.num_held])
+            self.held[self.num_held] = NULL
+
+    cdef int _hold_buffer(self, PyObject* pointer, bint reads) except -1:
+        """Own a planned buffer (its ``dirty_from`` is written) and, if its data is read, its storage."""
+        cdef Int32Buffer buffer = <Int32Buffer>pointer
+        self._hold(buffer)
+        if reads:
+            self._hold(buffer.storage)
+        return 0
+
+    cdef int _hold_jobs(self, Py_ssize_t batch, Py_ssize_t num_segments) except -1:
+        cdef Py_ssize_t number
+        cdef RowJob* job
+        cdef SegmentJob* part
+        for number in range(batch):
+            job = &self.rows[number]
+            self._hold_buffer(job.buffer, job.end > job.begin)
+        for number in range(num_segments):
+            part = &self.segments[number]
+            self._hold_buffer(part.buffer, part.end > part.begin)
+        return 0
+
     # ------------------------------------------------------------------ public calls
-    def build(self, context_requests, generation_requests):
+    def build(self, context_requests, generation_requests, device_token_requests=()):
         """Report one iteration; returns the columnar arrays (see tokcy.connector.SchedulerOutput)."""
-        cdef list context = list(context_requests)
-        cdef list generation = list(generation_requests)
-        cdef Py_ssize_t num_context = len(context)
-        cdef Py_ssize_t batch = num_context + len(generation)
-        cdef Py_ssize_t row, group, number, num_groups, num_fresh = 0
+        cdef list groups
+        cdef Py_ssize_t kind
+        cdef Py_ssize_t index
+        cdef Py_ssize_t row = 0, group, number, num_groups, num_fresh = 0
+        cdef Py_ssize_t batch
         cdef Py_ssize_t total_tokens = 0, total_segments = 0, total_blocks = 0
         cdef Py_ssize_t begin, reported, size
         cdef int64_t* out_request_ids
@@ -277,6 +343,7 @@ cdef class ReportState:
         cdef int32_t* out_block_ids
         cdef int64_t* out_replaced_blocks
         cdef int64_t* out_released_blocks
+        cdef list items
         cdef Request request
         cdef BlockTable table
         cdef Int32Buffer buffer
@@ -284,120 +351,160 @@ cdef class ReportState:
         cdef SegmentJob* part
         cdef ReportSlot* slot
         cdef int64_t stamp
-        self._reserve_rows(batch)
-        self.stamp += 1
-        stamp = self.stamp
+        cdef bint release_gil = False
+        if self.busy:
+            _report_checks.busy()
+        self.busy = True
         try:
-            # pass 1: validate the whole batch and plan the copies; nothing is committed
-            for row in range(batch):
-                item = context[row] if row < num_context else generation[row - num_context]
-                if not isinstance(item, Request):
-                    name = "context_requests" if row < num_context else "generation_requests"
-                    position = row if row < num_context else row - num_context
-                    raise TypeError(f"{name}[{position}] must be a Request, not {type(item).__name__}")
-                request = <Request>item
-                if request._state_code == 2:
-                    raise ValueError(
-                        f"request {request._request_id} is finished (GENERATION_COMPLETE) and cannot be scheduled"
+            # the groups are read inside the guard: an iterator that calls back is refused too
+            groups = [list(context_requests), list(generation_requests), list(device_token_requests)]
+            batch = len(<list>groups[0]) + len(<list>groups[1]) + len(<list>groups[2])
+            self._reserve_rows(batch)
+            self.stamp += 1
+            stamp = self.stamp
+            try:
+                # pass 1 (with the GIL): validate the whole batch and plan the copies. Sizes
+                # and low-water marks are read here, once: the report is the state at plan
+                # time. Nothing is committed. The jobs' buffer/data/dirty pointers are
+                # borrowed: this loop runs no Python code and drops no reference (errors
+                # abort it), so nothing it points into can change or be freed before
+                # _hold_jobs below owns it.
+                for kind in range(3):
+                    items = <list>groups[kind]
+                    for index in range(len(items)):
+                        item = items[index]
+                        if not isinstance(item, Request):
+                            _report_checks.not_a_request(_report_checks.GROUPS[kind], index, item, Request)
+                        request = <Request>item
+                        if request._beam0 is None or request._block_tables is None or request._draft_tokens is None:
+                            _report_checks.uninitialised(_report_checks.GROUPS[kind], index, item)
+                        if request._state_code == 2:
+                            _report_checks.finished(request._request_id)
+                        number = self._find(request._request_id)
+                        if number == NO_ENTRY:
+                            number = self._insert(request._request_id)
+                            self.fresh[num_fresh] = number
+                            num_fresh += 1
+                        slot = &self.slots[number]
+                        if slot.stamp == stamp:
+                            _report_checks.duplicate(request._request_id)
+                        slot.stamp = stamp
+                        num_groups = len(request._block_tables)
+                        if slot.num_groups and slot.num_groups != num_groups:
+                            _report_checks.group_count(request._request_id, num_groups, slot.num_groups)
+                        if kind == 0 and slot.matched > request._context_position:
+                            _report_checks.matched_past_position(
+                                request._request_id, slot.matched, request._context_position
+                            )
+                        self._reserve_groups(number, num_groups)
+                        self._reserve_segments(total_segments + num_groups)
+                        slot = &self.slots[number]
+                        job = &self.rows[row]
+                        job.slot = number
+                        job.request_id = request._request_id
+                        job.is_new = not slot.reported or slot.num_pauses != request._num_pauses
+                        job.num_pauses = request._num_pauses
+                        buffer = request._beam0
+                        job.buffer = <PyObject*>buffer
+                        size = buffer.size
+                        begin = 0
+                        if not job.is_new:
+                            begin = slot.num_tokens if slot.num_tokens < buffer.dirty_from else buffer.dirty_from
+                            if begin > size:
+                                begin = size
+                        job.data = buffer.data
+                        job.dirty = &buffer.dirty_from
+                        job.begin = begin
+                        job.end = size
+                        total_tokens += size - begin
+                        if kind == 0:  # context: the cursor, less connector-matched tokens
+                            job.position = request._context_position - slot.matched
+                            job.scheduled = request._chunk_size
+                        elif kind == 1:  # generation: the newest host token is re-fed
+                            job.position = size - 1
+                            job.scheduled = 1 + request._draft_tokens.size
+                        else:  # device token: the newest token, at position n, is on the device
+                            job.position = size
+                            job.scheduled = 1
+                        job.first_segment = total_segments
+                        job.num_groups = num_groups
+                        for group in range(num_groups):
+                            table = <BlockTable?>request._block_tables[group]
+                            buffer = table._buffer
+                            size = buffer.size
+                            reported = 0
+                            begin = 0
+                            if not job.is_new:
+                                reported = slot.num_blocks[group]
+                                begin = reported if reported < buffer.dirty_from else buffer.dirty_from
+                                if begin > size:
+                                    begin = size
+                            part = &self.segments[total_segments]
+                            part.buffer = <PyObject*>buffer
+                            part.data = buffer.data
+                            part.dirty = &buffer.dirty_from
+                            part.begin = begin
+                            part.end = size
+                            part.replaced = reported - begin
+                            part.released = table._num_released
+                            total_segments += 1
+                            total_blocks += size - begin
+                        row += 1
+                # a large copy runs without the GIL: first own every buffer a job writes
+                # (dirty_from) and every storage array a job reads, so that a thread which
+                # appends to (reallocates) or drops a request meanwhile cannot free them. A
+                # small one keeps the GIL (releasing it would cost more than the copy, and
+                # getting it back can wait a whole switch interval); no other thread runs.
+                release_gil = total_tokens + total_blocks >= NOGIL_MIN_ENTRIES
+                if release_gil:
+                    self._hold_jobs(batch, total_segments)
+                request_ids = np.empty(batch, dtype=np.int64)
+                is_new = np.empty(batch, dtype=np.bool_)
+                positions = np.empty(batch, dtype=np.int64)
+                scheduled = np.empty(batch, dtype=np.int64)
+                replaced_tokens = np.empty(batch, dtype=np.int64)
+                token_offsets = np.empty(batch + 1, dtype=np.int64)
+                tokens = np.empty(total_tokens, dtype=np.int32)
+                group_offsets = np.empty(batch + 1, dtype=np.int64)
+                block_offsets = np.empty(total_segments + 1, dtype=np.int64)
+                block_ids = np.empty(total_blocks, dtype=np.int32)
+                replaced_blocks = np.empty(total_segments, dtype=np.int64)
+                released_blocks = np.empty(total_segments, dtype=np.int64)
+            except BaseException:
+                while num_fresh:
+                    num_fresh -= 1
+                    self._remove(self.slots[self.fresh[num_fresh]].request_id)
+                raise
+            out_request_ids = int64_data(request_ids)
+            out_is_new = bool_data(is_new)
+            out_positions = int64_data(positions)
+            out_scheduled = int64_data(scheduled)
+            out_replaced_tokens = int64_data(replaced_tokens)
+            out_token_offsets = int64_data(token_offsets)
+            out_tokens = int32_data(tokens)
+            out_group_offsets = int64_data(group_offsets)
+            out_block_offsets = int64_data(block_offsets)
+            out_block_ids = int32_data(block_ids)
+            out_replaced_blocks = int64_data(replaced_blocks)
+            out_released_blocks = int64_data(released_blocks)
+            # pass 2: self.slots / rows / segments cannot move (busy); without the GIL, every
+            # pointer the jobs hold is into an object owned since pass 1
+            if release_gil:
+                with nogil:
+                    self._write(
+                        batch, out_request_ids, out_is_new, out_positions, out_scheduled, out_replaced_tokens,
+                        out_token_offsets, out_tokens, out_group_offsets, out_block_offsets, out_block_ids,
+                        out_replaced_blocks, out_released_blocks,
                     )
-                number = self._find(request._request_id)
-                if number == NO_ENTRY:
-                    number = self._insert(request._request_id)
-                    self.fresh[num_fresh] = number
-                    num_fresh += 1
-                slot = &self.slots[number]
-                if slot.stamp == stamp:
-                    raise ValueError(f"request {request._request_id} is scheduled more than once in this call")
-                slot.stamp = stamp
-                num_groups = len(request._block_tables)
-                if slot.num_groups and slot.num_groups != num_groups:
-                    raise ValueError(
-                        f"request {request._request_id} has {num_groups} layer groups but its earlier reports "
-                        f"had {slot.num_groups}"
-                    )
-                self._reserve_groups(number, num_groups)
-                self._reserve_segments(total_segments + num_groups)
-                slot = &self.slots[number]
-                job = &self.rows[row]
-                job.slot = number
-                job.request_id = request._request_id
-                job.is_new = not slot.reported or slot.num_pauses != request._num_pauses
-                job.num_pauses = request._num_pauses
-                buffer = request._beam0
-                size = buffer.size
-                begin = 0
-                if not job.is_new:
-                    begin = slot.num_tokens if slot.num_tokens < buffer.dirty_from else buffer.dirty_from
-                    if begin > size:
-                        begin = size
-                job.data = buffer.data
-                job.dirty = &buffer.dirty_from
-                job.begin = begin
-                job.end = size
-                total_tokens += size - begin
-                if row < num_context:
-                    job.position = request._context_position - slot.matched
-                    job.scheduled = request._chunk_size
-                else:
-                    job.position = size - 1 - slot.matched
-                    job.scheduled = 1 + request._draft_tokens.size
-                job.first_segment = total_segments
-                job.num_groups = num_groups
-                for group in range(num_groups):
-                    table = <BlockTable>request._block_tables[group]
-                    buffer = table._buffer
-                    size = buffer.size
-                    reported = 0
-                    begin = 0
-                    if not job.is_new:
-                        reported = slot.num_blocks[group]
-                        begin = reported if reported < buffer.dirty_from else buffer.dirty_from
-                        if begin > size:
-                            begin = size
-                    part = &self.segments[total_segments]
-                    part.data = buffer.data
-                    part.dirty = &buffer.dirty_from
-                    part.begin = begin
-                    part.end = size
-                    part.replaced = reported - begin
-                    part.released = table._num_released
-                    total_segments += 1
-                    total_blocks += size - begin
-            request_ids = np.empty(batch, dtype=np.int64)
-            is_new = np.empty(batch, dtype=np.bool_)
-            positions = np.empty(batch, dtype=np.int64)
-            scheduled = np.empty(batch, dtype=np.int64)
-            replaced_tokens = np.empty(batch, dtype=np.int64)
-            token_offsets = np.empty(batch + 1, dtype=np.int64)
-            tokens = np.empty(total_tokens, dtype=np.int32)
-            group_offsets = np.empty(batch + 1, dtype=np.int64)
-            block_offsets = np.empty(total_segments + 1, dtype=np.int64)
-            block_ids = np.empty(total_blocks, dtype=np.int32)
-            replaced_blocks = np.empty(total_segments, dtype=np.int64)
-            released_blocks = np.empty(total_segments, dtype=np.int64)
-        except BaseException:
-            while num_fresh:
-                num_fresh -= 1
-                self._remove(self.slots[self.fresh[num_fresh]].request_id)
-            raise
-        out_request_ids = int64_data(request_ids)
-        out_is_new = bool_data(is_new)
-        out_positions = int64_data(positions)
-        out_scheduled = int64_data(scheduled)
-        out_replaced_tokens = int64_data(replaced_tokens)
-        out_token_offsets = int64_data(token_offsets)
-        out_tokens = int32_data(tokens)
-        out_group_offsets = int64_data(group_offsets)
-        out_block_offsets = int64_data(block_offsets)
-        out_block_ids = int32_data(block_ids)
-        out_replaced_blocks = int64_data(replaced_blocks)
-        out_released_blocks = int64_data(released_blocks)
-        with nogil:
-            self._write(
-                batch, out_request_ids, out_is_new, out_positions, out_scheduled, out_replaced_tokens,
-                out_token_offsets, out_tokens, out_group_offsets, out_block_offsets, out_block_ids,
-                out_replaced_blocks, out_released_blocks,
-            )
+            else:
+                self._write(
+                    batch, out_request_ids, out_is_new, out_positions, out_scheduled, out_replaced_tokens,
+                    out_token_offsets, out_tokens, out_group_offsets, out_block_offsets, out_block_ids,
+                    out_replaced_blocks, out_released_blocks,
+                )
+        finally:
+            self._release_held()
+            self.busy = False
         return (
             request_ids,
             is_new,
@@ -429,7 +536,14 @@ cdef class ReportState:
         int64_t* replaced_blocks,
         int64_t* released_blocks,
     ) noexcept nogil:
-        """Pass 2: copy the planned deltas and commit; nothing here can fail."""
+        """Pass 2: copy the planned deltas and commit; nothing here can fail.
+
+        Only planned values are used (sizes, begins); a buffer's low-water mark is set to
+        the planned end. A request mutated by another thread during the report is the
+        caller's race: the report shows it as it was at plan time (and tokens written into
+        the old storage meanwhile may or may not show), but no memory is ever freed under
+        this loop.
+        """
         cdef Py_ssize_t row, group, count, segment, token_offset = 0, block_offset = 0
         cdef RowJob* job
         cdef SegmentJob* part
@@ -453,7 +567,7 @@ cdef class ReportState:
             job.dirty[0] = job.end
             slot.num_tokens = job.end
             slot.num_pauses = job.num_pauses
-            slot.matched = 0
+            slot.matched = 0  # used by a context row, discarded by any other
             slot.reported = True
             slot.num_groups = job.num_groups
             for group in range(job.num_groups):
@@ -475,7 +589,9 @@ cdef class ReportState:
         cdef Py_ssize_t count = _tokens.as_index(num_tokens, "num_tokens")
         cdef Py_ssize_t number
         if count < 0:
-            raise ValueError(f"num_tokens must be >= 0, got {count}")
+            _report_checks.negative_matched(count)
+        if self.busy:
+            _report_checks.busy()
         number = self._find(key)
         if number == NO_ENTRY:
             number = self._insert(key)
@@ -483,12 +599,17 @@ cdef class ReportState:
 
     def reset_request(self, request_id):
         cdef int64_t key = _tokens.as_index(request_id, "request_id")
-        cdef Py_ssize_t number = self._find(key)
+        cdef Py_ssize_t number
+        if self.busy:
+            _report_checks.busy()
+        number = self._find(key)
         if number != NO_ENTRY:
             self.slots[number].reported = False
 
     def request_finished(self, request_id):
         cdef int64_t key = _tokens.as_index(request_id, "request_id")
+        if self.busy:
+            _report_checks.busy()
         self._remove(key)
 
     @property

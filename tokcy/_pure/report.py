@@ -13,18 +13,29 @@ same errors). The rules (DESIGN.md, "Hot loop 2"):
   to the buffer's size. A consumer's mirror drops the replaced entries, appends the new
   ones and sets the first ``num_released`` block ids of each group to -1 (sliding-window
   releases travel as that absolute count, never by re-sending the table).
-* computed position: the context cursor for a context request, n - 1 for a generation
-  request (n = beam-0 tokens), minus the tokens recorded by ``record_matched_tokens``
-  (on the request's next report only). Scheduled tokens: the chunk size in context,
-  1 + draft tokens in generation. Which list a request comes in decides which.
-* ``build`` validates the whole batch before it changes anything: a non-Request
-  (TypeError), a finished request, a request id twice in one call, or a group count that
-  differs from the request's earlier reports (ValueError naming the request) leave the
-  manager and every request as they were.
+* Three groups, and the group decides the row's numbers (n = beam-0 tokens):
+  context rows: computed position = the context cursor p, less the tokens recorded by
+  ``record_matched_tokens`` since the request's last report; scheduled = the chunk size.
+  Generation rows: n - 1 (the newest host token is fed again) and 1 + draft tokens.
+  Device-token rows (overlap scheduling: the newest token is still on the device and the
+  executor feeds it at position n): n and 1. Matched tokens apply to the request's next
+  report only, and only if it is a context row; any other row discards them.
+* ``build`` validates the whole batch before it changes anything: a non-Request or a
+  Request whose ``__init__`` never ran (TypeError), a finished request, a request id twice
+  in one call, a group count that differs from the request's earlier reports, or more
+  matched tokens than the context cursor (ValueError naming the request) leave the
+  manager and every request as they were. Messages: ``tokcy/_report_checks.py``.
+* Threads: sizes, low-water marks and storage arrays are read once, in pass 1; pass 2
+  uses only those (the compiled twin runs it without the GIL, owning every buffer and
+  storage array it reads or writes). A request mutated by another thread during a report
+  is the caller's race (the report shows it as at plan time); it never corrupts memory.
+  While a ``build`` runs, ``build``, ``record_matched_tokens``, ``reset_request`` and
+  ``request_finished`` on the same state raise RuntimeError.
 """
 
 import numpy as np
 
+from tokcy import _report_checks as checks
 from tokcy._pure.request import Request
 from tokcy._state import RequestState
 from tokcy._tokens import as_index
@@ -48,62 +59,77 @@ class _Slot:
 class ReportState:
     """Per-request report state of one ``SchedulerOutputManager`` and its batch loop."""
 
-    __slots__ = ("_slots",)
+    __slots__ = ("_slots", "_busy")
 
     def __init__(self):
         self._slots = {}  # request id -> _Slot
+        self._busy = False  # a build() is running (the compiled twin releases the GIL in it)
 
-    def build(self, context_requests, generation_requests):
+    def build(self, context_requests, generation_requests, device_token_requests=()):
         """Report one iteration; returns the columnar arrays (see tokcy.connector.SchedulerOutput)."""
-        context = list(context_requests)
-        generation = list(generation_requests)
-        num_context = len(context)
+        if self._busy:
+            checks.busy()
+        self._busy = True
+        try:
+            return self._build(list(context_requests), list(generation_requests), list(device_token_requests))
+        finally:
+            self._busy = False
+
+    def _build(self, *groups):
         fresh = {}  # slots for never-seen ids: added to the manager only once all is valid
         seen = set()
         rows = []
-        # pass 1: validate the whole batch and plan the copies; nothing is changed
-        for row, request in enumerate(context + generation):
-            if not isinstance(request, Request):
-                name = "context_requests" if row < num_context else "generation_requests"
-                position = row if row < num_context else row - num_context
-                raise TypeError(f"{name}[{position}] must be a Request, not {type(request).__name__}")
-            request_id = request._request_id
-            if request._state == RequestState.GENERATION_COMPLETE:
-                raise ValueError(f"request {request_id} is finished (GENERATION_COMPLETE) and cannot be scheduled")
-            slot = self._slots.get(request_id)
-            if slot is None:
-                slot = fresh.get(request_id)
+        # pass 1: validate the whole batch and plan the copies; nothing is changed. Each
+        # buffer's storage array and size are taken here, once: a request mutated by another
+        # thread during the report is reported as it was at plan time (the caller's race).
+        for kind, items in enumerate(groups):
+            for index, request in enumerate(items):
+                if not isinstance(request, Request):
+                    checks.not_a_request(checks.GROUPS[kind], index, request, Request)
+                beam = _beam0(request)
+                if beam is None:
+                    checks.uninitialised(checks.GROUPS[kind], index, request)
+                request_id = request._request_id
+                if request._state == RequestState.GENERATION_COMPLETE:
+                    checks.finished(request_id)
+                slot = self._slots.get(request_id)
                 if slot is None:
-                    slot = fresh[request_id] = _Slot()
-            if request_id in seen:
-                raise ValueError(f"request {request_id} is scheduled more than once in this call")
-            seen.add(request_id)
-            tables = request._block_tables
-            if slot.num_blocks and len(slot.num_blocks) != len(tables):
-                raise ValueError(
-                    f"request {request_id} has {len(tables)} layer groups but its earlier reports "
-                    f"had {len(slot.num_blocks)}"
-                )
-            is_new = not slot.reported or slot.num_pauses != request._num_pauses
-            beam = request._beams[0]
-            size = beam.size
-            begin = 0 if is_new else min(slot.num_tokens, beam.dirty_from, size)
-            if row < num_context:
-                position = request._context_position - slot.matched
-                scheduled = request._chunk_size
-            else:
-                position = size - 1 - slot.matched
-                scheduled = 1 + len(request._draft_tokens)
-            segments = []
-            for group, table in enumerate(tables):
-                buffer = table._buffer
-                reported = 0 if is_new else slot.num_blocks[group]
-                block_begin = 0 if is_new else min(reported, buffer.dirty_from, buffer.size)
-                segments.append((buffer, block_begin, reported - block_begin, table._num_released))
-            replaced = 0 if is_new else slot.num_tokens - begin
-            rows.append((request, slot, is_new, beam, begin, replaced, position, scheduled, segments))
+                    slot = fresh.get(request_id)
+                    if slot is None:
+                        slot = fresh[request_id] = _Slot()
+                if request_id in seen:
+                    checks.duplicate(request_id)
+                seen.add(request_id)
+                tables = request._block_tables
+                if slot.num_blocks and len(slot.num_blocks) != len(tables):
+                    checks.group_count(request_id, len(tables), len(slot.num_blocks))
+                if kind == 0 and slot.matched > request._context_position:
+                    checks.matched_past_position(request_id, slot.matched, request._context_position)
+                is_new = not slot.reported or slot.num_pauses != request._num_pauses
+                size = beam.size
+                begin = 0 if is_new else min(slot.num_tokens, beam.dirty_from, size)
+                if kind == 0:  # context: the cursor, less connector-matched tokens
+                    position = request._context_position - slot.matched
+                    scheduled = request._chunk_size
+                elif kind == 1:  # generation: the newest host token is re-fed
+                    position = size - 1
+                    scheduled = 1 + len(request._draft_tokens)
+                else:  # device token: the newest token, at position n, is still on the device
+                    position = size
+                    scheduled = 1
+                segments = []
+                for group, table in enumerate(tables):
+                    buffer = table._buffer
+                    end = buffer.size
+                    reported = 0 if is_new else slot.num_blocks[group]
+                    block_begin = 0 if is_new else min(reported, buffer.dirty_from, end)
+                    released = table._num_released
+                    segments.append((buffer, buffer.storage, block_begin, end, reported - block_begin, released))
+                replaced = 0 if is_new else slot.num_tokens - begin
+                token_plan = (beam, beam.storage, begin, size, replaced)
+                rows.append((request_id, request._num_pauses, slot, is_new, token_plan, position, scheduled, segments))
 
-        # pass 2: copy the deltas, then commit
+        # pass 2: copy the planned deltas, then commit
         self._slots.update(fresh)
         batch = len(rows)
         request_ids = np.empty(batch, dtype=np.int64)
@@ -114,28 +140,29 @@ class ReportState:
         token_offsets = np.zeros(batch + 1, dtype=np.int64)
         group_offsets = np.zeros(batch + 1, dtype=np.int64)
         token_pieces, block_pieces, block_counts, replaced_blocks, released_blocks = [], [], [0], [], []
-        for row, (request, slot, new, beam, begin, replaced, position, count, segments) in enumerate(rows):
-            request_ids[row] = request._request_id
+        for row, (request_id, num_pauses, slot, new, token_plan, position, count, segments) in enumerate(rows):
+            beam, storage, begin, end, replaced = token_plan
+            request_ids[row] = request_id
             is_new[row] = new
             positions[row] = position
             scheduled[row] = count
             replaced_tokens[row] = replaced
-            token_pieces.append(beam.storage[begin : beam.size])
-            token_offsets[row + 1] = token_offsets[row] + beam.size - begin
+            token_pieces.append(storage[begin:end])
+            token_offsets[row + 1] = token_offsets[row] + end - begin
             group_offsets[row + 1] = group_offsets[row] + len(segments)
-            beam.dirty_from = beam.size
-            slot.num_tokens = beam.size
-            slot.num_pauses = request._num_pauses
-            slot.matched = 0
+            beam.dirty_from = end
+            slot.num_tokens = end
+            slot.num_pauses = num_pauses
+            slot.matched = 0  # used by a context row, discarded by any other
             slot.reported = True
             slot.num_blocks = []
-            for buffer, block_begin, block_replaced, released in segments:
-                block_pieces.append(buffer.storage[block_begin : buffer.size])
-                block_counts.append(buffer.size - block_begin)
+            for buffer, storage, block_begin, block_end, block_replaced, released in segments:
+                block_pieces.append(storage[block_begin:block_end])
+                block_counts.append(block_end - block_begin)
                 replaced_blocks.append(block_replaced)
                 released_blocks.append(released)
-                buffer.dirty_from = buffer.size
-                slot.num_blocks.append(buffer.size)
+                buffer.dirty_from = block_end
+                slot.num_blocks.append(block_end)
         return (
             request_ids,
             is_new,
@@ -155,19 +182,27 @@ class ReportState:
         request_id = as_index(request_id, "request_id")
         num_tokens = as_index(num_tokens, "num_tokens")
         if num_tokens < 0:
-            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+            checks.negative_matched(num_tokens)
+        if self._busy:
+            checks.busy()
         slot = self._slots.get(request_id)
         if slot is None:
             slot = self._slots[request_id] = _Slot()
         slot.matched = num_tokens
 
     def reset_request(self, request_id):
-        slot = self._slots.get(as_index(request_id, "request_id"))
+        request_id = as_index(request_id, "request_id")
+        if self._busy:
+            checks.busy()
+        slot = self._slots.get(request_id)
         if slot is not None:
             slot.reported = False
 
     def request_finished(self, request_id):
-        self._slots.pop(as_index(request_id, "request_id"), None)
+        request_id = as_index(request_id, "request_id")
+        if self._busy:
+            checks.busy()
+        self._slots.pop(request_id, None)
 
     @property
     def num_tracked_requests(self):
@@ -175,6 +210,19 @@ class ReportState:
 
     def tracked_request_ids(self):
         return sorted(self._slots)
+
+
+def _beam0(request):
+    """The request's beam-0 token buffer, or None when its ``__init__`` never ran."""
+    try:
+        beams = request._beams
+        tables = request._block_tables
+        request._draft_tokens
+    except AttributeError:
+        return None
+    if not beams or beams[0] is None or tables is None:
+        return None
+    return beams[0]
 
 
 def _concatenate(pieces):

@@ -1,7 +1,7 @@
 """The KV-cache connector's scheduler output: what is new since the last report, per request.
 
 Each iteration, ``SchedulerOutputManager.build_scheduler_output(context_requests,
-generation_requests)`` reports, for every scheduled request, the beam-0 tokens and the
+generation_requests, device_token_requests=())`` reports, for every scheduled request, the beam-0 tokens and the
 KV block ids (per layer group) not yet reported, the computed position and the number of
 scheduled tokens, as a columnar ``SchedulerOutput`` (flat numpy arrays plus offsets);
 ``RequestData`` objects are built only when ``new_requests`` / ``cached_requests`` are

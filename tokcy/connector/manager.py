@@ -22,33 +22,51 @@ class SchedulerOutputManager:
     def __init__(self):
         self._state = _backend.module.ReportState()
 
-    def build_scheduler_output(self, context_requests, generation_requests):
-        """Report one iteration; returns a ``SchedulerOutput``.
+    def build_scheduler_output(self, context_requests, generation_requests, device_token_requests=()):
+        """Report one iteration; returns a ``SchedulerOutput``. Rows: context, generation,
+        then device-token requests, each group in the order given (n = beam-0 tokens):
 
-        ``context_requests`` are reported with the context cursor as computed position and
-        the chunk size as scheduled tokens; ``generation_requests`` with n - 1 and
-        1 + draft tokens. Rows keep that order (context first). Raises TypeError for an
-        item that is not a ``Request`` of the live backend, and ValueError naming the
-        request for a finished request, a request id given twice, or a layer-group count
-        that differs from the request's earlier reports; the whole batch is checked first,
-        so a failed call changes neither the manager nor any request.
+        * ``context_requests``: computed position = the context cursor p, less the tokens
+          recorded by ``record_matched_tokens`` since the last report; scheduled = the chunk.
+        * ``generation_requests``: n - 1 (the newest host token is fed again) and 1 + drafts.
+        * ``device_token_requests`` (overlap scheduling): the newest token is still on the
+          device and the executor feeds it at position n, so KV of tokens 0..n-1 is computed:
+          n and 1. The new tokens are the host's delta, as for every row.
+
+        Raises TypeError for an item that is not a ``Request`` of the live backend (or one
+        whose ``__init__`` never ran), and ValueError naming the request for a finished
+        request, a request id given twice, a layer-group count that differs from the
+        request's earlier reports, or matched tokens beyond a context row's cursor; the
+        whole batch is checked first, so a failed call changes neither the manager nor any
+        request. RuntimeError if a report of this manager is being built in another thread.
+
+        Threads: the copying runs with the GIL released; every buffer it reads is owned
+        for the call, so another thread mutating or dropping a scheduled request cannot
+        corrupt memory, but what it changes during the call is its own race (the report
+        shows each request as it was when the call read it).
         """
-        num_context = len(context_requests)
-        return SchedulerOutput(num_context, *self._state.build(context_requests, generation_requests))
+        context_requests = list(context_requests)
+        return SchedulerOutput(
+            len(context_requests),
+            *self._state.build(context_requests, generation_requests, device_token_requests),
+        )
 
     def record_matched_tokens(self, request_id, num_tokens):
         """Record ``num_tokens`` tokens the connector itself supplied for ``request_id``.
 
-        They are subtracted from the computed position of that request's next report only.
-        A later call before that report replaces the number (it does not add). Works for a
-        request not reported yet (its state is created); ``num_tokens`` must be >= 0.
+        They apply to the request's next report only: if it is a context row, its computed
+        position is the cursor minus ``num_tokens`` (ValueError naming the request, nothing
+        changed, if that would be negative); any other row discards them. A later call
+        before that report replaces the number (it does not add). Works for a request not
+        reported yet (its state is created); ``num_tokens`` < 0 is a ValueError.
         """
         self._state.record_matched_tokens(request_id, num_tokens)
 
     def reset_request(self, request_id):
         """Make the request's next report a new one, with all its tokens and blocks.
 
-        An unknown id is ignored (idempotent). The group count seen so far is kept.
+        An unknown id is ignored (idempotent). The group count seen so far and pending
+        matched tokens are kept.
         """
         self._state.reset_request(request_id)
 

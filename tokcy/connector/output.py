@@ -3,7 +3,7 @@
 
 class SchedulerOutput:
     """One iteration's report, columnar. Rows: context requests, then generation requests,
-    in the order given. Every column is a public numpy array:
+    then device-token requests, in the order given. Every column is a public numpy array:
 
     * per row: ``request_ids`` (int64), ``is_new`` (bool), ``computed_positions``,
       ``num_scheduled_tokens``, ``num_replaced_tokens`` (int64);

@@ -153,7 +153,7 @@ class Engine:
         inputs = self.preparer.prepare(context, generation, device_token_requests=device,
                                        cuda_graph_batch_sizes=graph_sizes, previous_new_tokens=self.new_tokens)
         t1 = time.perf_counter()
-        report = self.connector.build_scheduler_output(context, generation + device)
+        report = self.connector.build_scheduler_output(context, generation, device)
         t2 = time.perf_counter()
         stats.time_prepare += t1 - t0
         stats.time_report += t2 - t1

@@ -1,0 +1,60 @@
+"""Errors of hot loop 2 (the KV-connector report), shared by both backends.
+
+``tokcy/_core_report.pxi`` and ``tokcy/_pure/report.py`` call these only on their slow
+paths, so a bad batch raises the same exception with the same message whichever backend
+is live, and the two cannot drift. Each function raises.
+"""
+
+CONTEXT = "context_requests"
+GENERATION = "generation_requests"
+DEVICE_TOKEN = "device_token_requests"
+GROUPS = (CONTEXT, GENERATION, DEVICE_TOKEN)
+
+
+def _qualified(cls):
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def not_a_request(group, index, obj, expected):
+    """``obj`` is not a ``Request`` of the live backend (``expected``)."""
+    given = type(obj)
+    message = f"{group}[{index}] must be a Request, not {_qualified(given)}"
+    if given.__qualname__ == expected.__qualname__:  # e.g. the other backend's Request
+        message += f" (the live backend takes {_qualified(expected)})"
+    raise TypeError(message)
+
+
+def uninitialised(group, index, obj):
+    raise TypeError(
+        f"{group}[{index}] ({_qualified(type(obj))}) has no token buffer or block tables: "
+        f"its __init__ did not run Request.__init__"
+    )
+
+
+def finished(request_id):
+    raise ValueError(f"request {request_id} is finished (GENERATION_COMPLETE) and cannot be scheduled")
+
+
+def duplicate(request_id):
+    raise ValueError(f"request {request_id} is scheduled more than once in this call")
+
+
+def group_count(request_id, num_groups, reported_groups):
+    raise ValueError(
+        f"request {request_id} has {num_groups} layer groups but its earlier reports had {reported_groups}"
+    )
+
+
+def matched_past_position(request_id, matched, position):
+    raise ValueError(
+        f"request {request_id}: {matched} connector-matched tokens exceed its context position {position}"
+    )
+
+
+def negative_matched(num_tokens):
+    raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+
+
+def busy():
+    raise RuntimeError("this SchedulerOutputManager is building a report in another thread")
