@@ -8,10 +8,9 @@ fixed per-request Python loop), ``numpy`` (vLLM-style vectorised gather from a p
 tokcy's once, in setup.
 """
 
-import numpy as np
-
 from tokcy import _backend
 from tokcy._baselines import executor as baselines
+from tokcy.bench.executor import check_same
 from tokcy.executor import HostBuffers, prepare_inputs
 
 from ._common import backend_module
@@ -32,14 +31,9 @@ def _checked_batch(backend, seq_len, num_drafts):
             out = HostBuffers(baselines.CONTEXT_CHUNK + 2048, 512, max(num_drafts, 1))
             numpy_batch = baselines.NumpyInputBatch(context, generation)
             expected = prepare_inputs(context, generation, max_draft_len=num_drafts, out=out).asdict()
-            for name, produced in (
-                ("before", baselines.before(context, generation)),
-                ("after", baselines.after(context, generation)),
-                ("numpy", numpy_batch.prepare()),
-            ):
-                for field, array in produced.items():
-                    if not np.array_equal(array, expected[field]) or array.dtype != expected[field].dtype:
-                        raise AssertionError(f"baseline {name} differs from tokcy in {field}")
+            check_same("before", baselines.before(context, generation), expected)
+            check_same("after", baselines.after(context, generation), expected)
+            check_same("numpy", numpy_batch.prepare(), expected)
         finally:
             _backend.module = saved
         _BATCH[key] = (module, context, generation, out, numpy_batch)

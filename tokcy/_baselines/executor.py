@@ -2,8 +2,11 @@
 
 Each one builds, for a batch of context chunks and generation requests (with or without
 draft tokens), exactly the arrays ``tokcy.executor.prepare_inputs`` builds, the way an
-engine without tokcy would. They cover the row kinds of the benchmark batch only
-(context chunks, generation with drafts, plain single-beam generation).
+engine without tokcy would. They cover the row kinds of the benchmark batch (context
+chunks, generation with drafts, plain single-beam generation); ``after`` also covers the
+device-token rows and padding the demo engine (``python -m tokcy demo``) compares against.
+
+``before`` and ``after`` return the arrays and counts of ``PreparedInputs.asdict()``.
 
 * ``before``: seed 000's "before" code: ``request.get_tokens(0)`` (the whole sequence as
   a new Python list) per request per iteration, then slicing and ``len()``.
@@ -25,105 +28,137 @@ def _split(generation_requests):
     return drafted, plain
 
 
-def _arrays(input_ids, positions, gather, seq_lens, cached, prompt_lens, request_ids, drafts, draft_lens):
-    cu_seqlens = np.zeros(len(seq_lens) + 1, dtype=np.int32)
-    np.cumsum(seq_lens, out=cu_seqlens[1:])
-    return {
-        "input_ids": np.array(input_ids, dtype=np.int32),
-        "position_ids": np.array(positions, dtype=np.int32),
-        "gather_ids": np.array(gather, dtype=np.int32),
-        "seq_lens": np.array(seq_lens, dtype=np.int32),
-        "num_cached_tokens": np.array(cached, dtype=np.int32),
-        "prompt_lens": np.array(prompt_lens, dtype=np.int32),
-        "cu_seqlens": cu_seqlens,
-        "request_ids": np.array(request_ids, dtype=np.int64),
-        "draft_tokens": np.array(drafts, dtype=np.int32),
-        "draft_lens": np.array(draft_lens, dtype=np.int32),
-    }
+class _Rows:
+    """The Python lists both patterns append to, a method per row kind, in
+    ``prepare_inputs``'s row order; ``result()`` turns them into its arrays and counts."""
+
+    def __init__(self):
+        self.input_ids, self.positions, self.gather, self.seq_lens, self.cached = [], [], [], [], []
+        self.prompt_lens, self.request_ids, self.drafts, self.draft_lens, self.slots = [], [], [], [], []
+        self.num_context_requests = self.num_context_tokens = self.num_padding = 0
+
+    def _sequence(self, request, seq_len, cached):
+        self.seq_lens.append(seq_len)
+        self.cached.append(cached)
+        self.prompt_lens.append(request.prompt_len)
+        self.request_ids.append(request.request_id)
+
+    def context(self, request, begin, end, chunk):
+        """Context chunk [begin, end): its tokens, gathered at its last row."""
+        self.input_ids.extend(chunk)
+        self.positions.extend(range(begin, end))
+        self.gather.append(len(self.input_ids) - 1)
+        self._sequence(request, len(chunk), begin)
+        self.num_context_requests += 1
+        self.num_context_tokens += len(chunk)
+
+    def drafted(self, request, last, past):
+        """Generation with drafts: the last token and the k drafts, every row gathered."""
+        input_ids, draft = self.input_ids, request.draft_tokens
+        self.gather.extend(range(len(input_ids), len(input_ids) + 1 + len(draft)))
+        input_ids.append(last)
+        input_ids.extend(draft)
+        self.positions.extend(range(past, past + 1 + len(draft)))
+        self._sequence(request, 1 + len(draft), past)
+        self.drafts.extend(draft)
+        self.draft_lens.append(len(draft))
+
+    def plain(self, request, last, past):
+        """Single-beam generation: the last token."""
+        self.gather.append(len(self.input_ids))
+        self.input_ids.append(last)
+        self.positions.append(past)
+        self._sequence(request, 1, past)
+
+    def device(self, request, num_tokens):
+        """Device-token row (overlap): a placeholder the device fills at ``seq_slot``."""
+        self.gather.append(len(self.input_ids))
+        self.input_ids.append(0)
+        self.positions.append(num_tokens)
+        self._sequence(request, 1, num_tokens)
+        self.slots.append(request.seq_slot)
+
+    def pad(self, cuda_graph_batch_sizes):
+        """CUDA-graph padding: one-token rows (request id -1) up to the smallest size that
+        holds the batch, for batches without context requests."""
+        num_sequences = len(self.seq_lens)
+        if not cuda_graph_batch_sizes or self.num_context_requests:
+            return
+        fits = [size for size in sorted(cuda_graph_batch_sizes) if size >= num_sequences]
+        self.num_padding = fits[0] - num_sequences if fits else 0
+        for _ in range(self.num_padding):
+            self.input_ids.append(0)
+            self.positions.append(0)
+            self.seq_lens.append(1)
+            self.cached.append(0)
+            self.prompt_lens.append(0)
+            self.request_ids.append(-1)
+
+    def result(self):
+        cu_seqlens = np.zeros(len(self.seq_lens) + 1, dtype=np.int32)
+        np.cumsum(self.seq_lens, out=cu_seqlens[1:])
+        num_tokens = len(self.input_ids)
+        padded = len(self.seq_lens)
+        return {
+            "input_ids": np.array(self.input_ids, dtype=np.int32),
+            "position_ids": np.array(self.positions, dtype=np.int32),
+            "gather_ids": np.array(self.gather, dtype=np.int32),
+            "seq_lens": np.array(self.seq_lens, dtype=np.int32),
+            "num_cached_tokens": np.array(self.cached, dtype=np.int32),
+            "prompt_lens": np.array(self.prompt_lens, dtype=np.int32),
+            "cu_seqlens": cu_seqlens,
+            "request_ids": np.array(self.request_ids, dtype=np.int64),
+            "draft_tokens": np.array(self.drafts, dtype=np.int32),
+            "draft_lens": np.array(self.draft_lens, dtype=np.int32),
+            "device_token_slots": np.array(self.slots, dtype=np.int32),
+            "num_context_requests": self.num_context_requests,
+            "num_context_tokens": self.num_context_tokens,
+            "num_generation_tokens": num_tokens - self.num_padding - self.num_context_tokens,
+            "num_tokens": num_tokens,
+            "num_sequences": padded - self.num_padding,
+            "padded_batch_size": padded,
+            "device_token_row_start": num_tokens - self.num_padding - len(self.slots),
+        }
 
 
 def before(context_requests, generation_requests):
     """Seed 000, "before": the whole token list of every request, every iteration."""
-    input_ids, positions, gather, seq_lens, cached, prompt_lens, request_ids = [], [], [], [], [], [], []
-    drafts, draft_lens = [], []
+    rows = _Rows()
     for request in context_requests:
         all_tokens = request.get_tokens(0)  # O(sequence length)
         begin = request.context_current_position
         end = begin + request.context_chunk_size
-        chunk = all_tokens[begin:end]
-        input_ids.extend(chunk)
-        positions.extend(range(begin, end))
-        gather.append(len(input_ids) - 1)
-        seq_lens.append(len(chunk))
-        cached.append(begin)
-        prompt_lens.append(request.prompt_len)
-        request_ids.append(request.request_id)
+        rows.context(request, begin, end, all_tokens[begin:end])
     drafted, plain = _split(generation_requests)
     for request in drafted:
         all_tokens = request.get_tokens(0)  # O(sequence length)
-        past = len(all_tokens) - 1
-        draft = request.draft_tokens
-        gather.extend(range(len(input_ids), len(input_ids) + 1 + len(draft)))
-        input_ids.append(all_tokens[-1])
-        input_ids.extend(draft)
-        positions.extend(range(past, past + 1 + len(draft)))
-        seq_lens.append(1 + len(draft))
-        cached.append(past)
-        prompt_lens.append(request.prompt_len)
-        request_ids.append(request.request_id)
-        drafts.extend(draft)
-        draft_lens.append(len(draft))
+        rows.drafted(request, all_tokens[-1], len(all_tokens) - 1)
     for request in plain:
         all_tokens = request.get_tokens(0)  # O(sequence length)
-        gather.append(len(input_ids))
-        input_ids.append(all_tokens[-1])
-        positions.append(len(all_tokens) - 1)
-        seq_lens.append(1)
-        cached.append(len(all_tokens) - 1)
-        prompt_lens.append(request.prompt_len)
-        request_ids.append(request.request_id)
-    return _arrays(input_ids, positions, gather, seq_lens, cached, prompt_lens, request_ids, drafts, draft_lens)
+        rows.plain(request, all_tokens[-1], len(all_tokens) - 1)
+    return rows.result()
 
 
-def after(context_requests, generation_requests):
-    """Seed 000, "after": O(1)/O(range) accessors, still a Python loop per request."""
-    input_ids, positions, gather, seq_lens, cached, prompt_lens, request_ids = [], [], [], [], [], [], []
-    drafts, draft_lens = [], []
+def after(context_requests, generation_requests, *, device_token_requests=(), cuda_graph_batch_sizes=None):
+    """Seed 000, "after": O(1)/O(range) accessors, still a Python loop per request.
+
+    Also builds, in the same style, the two row kinds the demo engine uses beyond the
+    benchmark batch: ``device_token_requests`` rows (overlap) and padding up to
+    ``cuda_graph_batch_sizes`` (as ``prepare_inputs`` does)."""
+    rows = _Rows()
     for request in context_requests:
         begin = request.context_current_position
         end = begin + request.context_chunk_size
-        chunk = request.get_tokens_range(0, begin, end)  # O(chunk)
-        input_ids.extend(chunk)
-        positions.extend(range(begin, end))
-        gather.append(len(input_ids) - 1)
-        seq_lens.append(len(chunk))
-        cached.append(begin)
-        prompt_lens.append(request.prompt_len)
-        request_ids.append(request.request_id)
+        rows.context(request, begin, end, request.get_tokens_range(0, begin, end))  # O(chunk)
     drafted, plain = _split(generation_requests)
     for request in drafted:
-        past = request.get_num_tokens(0) - 1  # O(1)
-        draft = request.draft_tokens
-        gather.extend(range(len(input_ids), len(input_ids) + 1 + len(draft)))
-        input_ids.append(request.get_last_tokens(0))  # O(1)
-        input_ids.extend(draft)
-        positions.extend(range(past, past + 1 + len(draft)))
-        seq_lens.append(1 + len(draft))
-        cached.append(past)
-        prompt_lens.append(request.prompt_len)
-        request_ids.append(request.request_id)
-        drafts.extend(draft)
-        draft_lens.append(len(draft))
+        rows.drafted(request, request.get_last_tokens(0), request.get_num_tokens(0) - 1)  # O(1)
     for request in plain:
-        past = request.get_num_tokens(0) - 1
-        gather.append(len(input_ids))
-        input_ids.append(request.get_last_tokens(0))
-        positions.append(past)
-        seq_lens.append(1)
-        cached.append(past)
-        prompt_lens.append(request.prompt_len)
-        request_ids.append(request.request_id)
-    return _arrays(input_ids, positions, gather, seq_lens, cached, prompt_lens, request_ids, drafts, draft_lens)
+        rows.plain(request, request.get_last_tokens(0), request.get_num_tokens(0) - 1)  # O(1)
+    for request in device_token_requests:
+        rows.device(request, request.get_num_tokens(0))  # O(1)
+    rows.pad(cuda_graph_batch_sizes)
+    return rows.result()
 
 
 class NumpyInputBatch:

@@ -68,7 +68,9 @@ def summary(name, output):
 
 
 class DecodeWorld:
-    """Requests past their context report; ``advance()`` is one decode step."""
+    """Requests past their context report; ``advance()`` is one decode step, ``report()``
+    the timed call. ``reports``: summaries of the context report and of the first decode
+    step's. Also the world of asv_bench/benchmarks/bench_connector.py."""
 
     def __init__(self, backend, num_requests, num_tokens, implementation, seed=0):
         from tokcy import RequestState

@@ -29,9 +29,11 @@ CONFIGS = {
 
 
 def check_same(name, produced, expected):
-    for field, array in produced.items():
+    """Every array (dtype included) and count of a baseline's ``produced`` dict equals
+    ``expected`` (``PreparedInputs.asdict()``)."""
+    for field, value in produced.items():
         want = expected[field]
-        if array.dtype != want.dtype or not np.array_equal(array, want):
+        if np.asarray(value).dtype != np.asarray(want).dtype or not np.array_equal(value, want):
             raise AssertionError(f"executor baseline {name!r} differs from tokcy in {field}")
 
 

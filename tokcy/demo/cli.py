@@ -8,7 +8,7 @@ import torch
 
 import tokcy
 from tokcy import _backend
-from tokcy.demo.engine import Engine, EngineConfig
+from tokcy.demo.engine import Engine, EngineConfig, same_named
 from tokcy.demo.model import ModelConfig, TinyTransformer
 from tokcy.demo.reference import generate
 from tokcy.demo.workload import make_workload
@@ -54,16 +54,9 @@ def main(argv=None):
     workload = make_workload(args.requests, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                              vocab_size=model.config.vocab_size, seed=args.seed)
     config = EngineConfig(
-        num_blocks=args.num_blocks,
-        block_size=args.block_size,
-        max_num_tokens=args.max_num_tokens,
-        max_batch_size=args.max_batch_size,
-        max_chunk=args.max_chunk,
-        speculation=args.speculation,
-        max_draft_len=args.max_draft_len,
-        overlap=args.overlap,
+        **same_named(args, ("num_blocks", "block_size", "max_num_tokens", "max_batch_size", "max_chunk",
+                            "speculation", "max_draft_len", "overlap", "device")),
         cuda_graph_batch_sizes=tuple(args.graph_sizes) if args.padding else None,
-        device=args.device,
         check_connector=args.check,
         time_after_pattern=True,
     )

@@ -25,11 +25,21 @@ import numpy as np
 import torch
 
 import tokcy
-from tokcy.demo.baseline import prepare_inputs_after, prepare_inputs_after_demo
+from tokcy._baselines.executor import after as prepare_inputs_after
 from tokcy.demo.connector import OffloadStore
 from tokcy.demo.kv_cache import PagedKVCache
 from tokcy.demo.scheduler import GENERATING, Scheduler
 from tokcy.demo.speculation import accept
+
+
+def same_named(source, names):
+    """``{name: source.<name>}`` for each of ``names``: settings passed on under their own names."""
+    return {name: getattr(source, name) for name in names}
+
+
+#: The ``EngineConfig`` fields the scheduler takes, as keywords of the same names.
+SCHEDULER_SETTINGS = ("max_num_tokens", "max_batch_size", "max_chunk", "speculation", "max_draft_len",
+                      "min_ngram", "max_ngram")
 
 
 @dataclass
@@ -90,17 +100,8 @@ class Engine:
         mc = model.config
         self.cache = PagedKVCache(config.num_blocks, config.block_size, mc.num_layers, mc.num_heads, mc.head_dim,
                                   device=self.device, poison=config.poison_kv)
-        self.scheduler = Scheduler(
-            self.cache,
-            max_num_tokens=config.max_num_tokens,
-            max_batch_size=config.max_batch_size,
-            max_chunk=config.max_chunk,
-            speculation=config.speculation,
-            max_draft_len=config.max_draft_len,
-            min_ngram=config.min_ngram,
-            max_ngram=config.max_ngram,
-            on_preempt=self._before_preempt,
-        )
+        self.scheduler = Scheduler(self.cache, on_preempt=self._before_preempt,
+                                   **same_named(config, SCHEDULER_SETTINGS))
         self.max_draft_len = self.scheduler.max_draft_len
         pad = max(config.cuda_graph_batch_sizes or (0,))
         self.preparer = InputPreparer(config.max_num_tokens + pad, max(config.max_batch_size, pad),
@@ -300,7 +301,7 @@ class Engine:
 
     # ----------------------------------------------------- the "after" pattern, same batch
     def _compare_inputs(self, host, context, generation, device, graph_sizes):
-        from tokcy.executor import prepare_inputs
+        from tokcy.executor import ARRAY_FIELDS, COUNT_FIELDS, prepare_inputs
 
         stats = self.stats
         t0 = time.perf_counter()
@@ -310,25 +311,16 @@ class Engine:
         after = prepare_inputs_after(context, generation, device_token_requests=device,
                                      cuda_graph_batch_sizes=graph_sizes)
         t2 = time.perf_counter()
-        if self.config.check_inputs:
-            demo = prepare_inputs_after_demo(context, generation, device_token_requests=device,
-                                             cuda_graph_batch_sizes=graph_sizes)
-            for name in ("input_ids", "position_ids", "gather_ids", "seq_lens", "num_cached_tokens", "prompt_lens",
-                         "cu_seqlens", "request_ids", "draft_tokens", "draft_lens", "device_token_slots"):
-                if not np.array_equal(getattr(demo, name), getattr(after, name)):
-                    raise AssertionError(f"{name}: the demo's after pattern and tokcy._baselines disagree")
         stats.time_prepare_host += t1 - t0
         stats.time_after_pattern += t2 - t1
         stats.timed_batches += 1
         if self.config.check_inputs:
-            for name in ("input_ids", "position_ids", "gather_ids", "seq_lens", "num_cached_tokens", "prompt_lens",
-                         "cu_seqlens", "request_ids", "draft_tokens", "draft_lens", "device_token_slots"):
+            for name in ARRAY_FIELDS:
                 for label, arrays in (("prepare_inputs", ours), ("InputPreparer", host)):
                     got = np.asarray(getattr(arrays, name))
-                    want = getattr(after, name)
+                    want = after[name]
                     if not np.array_equal(got, want):
                         raise AssertionError(f"{label}.{name} = {got.tolist()} but the after pattern gives {want.tolist()}")
-            for name in ("num_context_requests", "num_context_tokens", "num_tokens", "num_sequences",
-                         "padded_batch_size", "device_token_row_start"):
-                if getattr(ours, name) != getattr(after, name):
-                    raise AssertionError(f"{name}: {getattr(ours, name)} != {getattr(after, name)}")
+            for name in COUNT_FIELDS:
+                if getattr(ours, name) != after[name]:
+                    raise AssertionError(f"{name}: {getattr(ours, name)} != {after[name]}")
