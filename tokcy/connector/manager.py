@@ -40,8 +40,9 @@ class SchedulerOutputManager:
         whole batch is checked first, so a failed call changes neither the manager nor any
         request. RuntimeError if a report of this manager is being built in another thread.
 
-        Threads: the copying runs with the GIL released; every buffer it reads is owned
-        for the call, so another thread mutating or dropping a scheduled request cannot
+        Threads: a large report (64 Ki tokens and blocks or more) copies with the GIL
+        released, a small one keeps it (releasing would cost more than the copy); every
+        buffer the copy reads is owned for the call, so another thread mutating or dropping a scheduled request cannot
         corrupt memory, but what it changes during the call is its own race (the report
         shows each request as it was when the call read it).
         """
