@@ -8,17 +8,18 @@ import os
 
 
 def _load():
+    """(module, name, why the compiled core is not used or None)."""
     if os.environ.get("TOKCY_PURE_PYTHON", "") not in ("", "0"):
         from tokcy import _pure
 
-        return _pure, "python"
+        return _pure, "python", "TOKCY_PURE_PYTHON is set"
     try:
         from tokcy import _core
-    except ImportError:
+    except ImportError as error:
         from tokcy import _pure
 
-        return _pure, "python"
-    return _core, "cython"
+        return _pure, "python", f"tokcy._core did not import ({error})"
+    return _core, "cython", None
 
 
-module, BACKEND = _load()
+module, BACKEND, WHY_PURE = _load()

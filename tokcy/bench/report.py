@@ -37,6 +37,15 @@ def format_config(value) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
+def _why_pure(backends: list) -> str:
+    """Why the pure twin is live, when it is timed without being asked for."""
+    from tokcy import _backend
+
+    if backends == ["python"] and _backend.WHY_PURE:
+        return f"   (the compiled core is not in use: {_backend.WHY_PURE})"
+    return ""
+
+
 def header(machine: dict, backends: list, level: str, plan=None) -> str:
     plan = plan or PLANS.get(level, PLANS["quick"])
     cores = machine.get("cores")
@@ -47,7 +56,7 @@ def header(machine: dict, backends: list, level: str, plan=None) -> str:
         f"tokcy {machine.get('tokcy', '?')} bench ({level}), {machine.get('date', '')}",
         f"machine: {machine.get('cpu')}, {core_text}, {machine.get('system')}",
         f"python:  {machine.get('python')}, numpy {machine.get('numpy')}",
-        f"backend: {', '.join(backends)}",
+        f"backend: {', '.join(backends)}" + _why_pure(backends),
         f"timing:  {plan.warmup} warm-up, {plan.rounds} rounds x {plan.per_round} iterations, "
         f"median of the round medians{budget}",
     ]
