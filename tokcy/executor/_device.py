@@ -55,13 +55,33 @@ def _packed_layout(max_num_tokens, max_batch_size, max_draft_len):
     return layout, offset
 
 
+_MAX_CACHED_VIEWS = 4096  # per field; lengths are bounded by the capacities anyway
+
+
 class DeviceInputs:
     """One iteration's inputs on the device: torch views (exactly the used length) of the
     preparer's persistent device tensors, with the same names as ``PreparedInputs``, plus
     its counts and ``host`` (the ``PreparedInputs`` in the staging buffer, valid until
-    that ring slot is reused)."""
+    that ring slot is reused).
 
-    __slots__ = ARRAY_FIELDS + COUNT_FIELDS + ("host",)
+    A view is made when first read, and the preparer keeps the views it made by length:
+    slicing a tensor costs a microsecond or two, and decode batches repeat their sizes.
+    """
+
+    __slots__ = ARRAY_FIELDS + ("host", "_preparer")
+
+    def __init__(self, preparer, host):
+        self._preparer = preparer
+        self.host = host
+
+    def __getattr__(self, name):  # only called for a field not read yet
+        if name in ARRAY_FIELDS:
+            view = self._preparer._view(name, len(getattr(self.host, name)))
+            setattr(self, name, view)
+            return view
+        if name in COUNT_FIELDS:
+            return getattr(self.host, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self):
         counts = ", ".join(f"{name}={getattr(self, name)}" for name in COUNT_FIELDS)
@@ -97,6 +117,7 @@ class InputPreparer:
         self._input_ids_end = layout["input_ids"][0]  # + num_tokens: the used prefix
         self._device_packed = torch.zeros(max(total, 1), dtype=torch.int32, device=self.device)
         self.tensors = {name: self._field(self._device_packed, name) for name in ARRAY_FIELDS}
+        self._views = {name: {} for name in ARRAY_FIELDS}
         self._staging = []
         self._host = []
         for _ in range(num_staging_buffers):
@@ -114,6 +135,16 @@ class InputPreparer:
         self._recorded = [False] * num_staging_buffers
         self._next = 0
         self._fence = True  # tests switch it off to show the fence is needed
+
+    def _view(self, name, length):
+        """``tensors[name][:length]``, the same tensor object every time for a length."""
+        views = self._views[name]
+        view = views.get(length)
+        if view is None:
+            if len(views) >= _MAX_CACHED_VIEWS:
+                views.clear()
+            view = views[length] = self.tensors[name][:length]
+        return view
 
     def _field(self, packed, name):
         offset, length, width = self._layout[name]
@@ -168,18 +199,11 @@ class InputPreparer:
             # the copy runs on the inputs' device's current stream: fence that stream
             self._events[slot].record(torch.cuda.current_stream(self._device_packed.device))
             self._recorded[slot] = True
-        tensors = self.tensors
         if count:
             start = host.device_token_row_start
-            tokens = previous.index_select(0, tensors["device_token_slots"][:count])
-            tensors["input_ids"][start : start + count].copy_(tokens)
-        result = DeviceInputs()
-        for name in ARRAY_FIELDS:
-            setattr(result, name, tensors[name][: len(getattr(host, name))])
-        for name in COUNT_FIELDS:
-            setattr(result, name, getattr(host, name))
-        result.host = host
-        return result
+            tokens = previous.index_select(0, self._view("device_token_slots", count))
+            self.tensors["input_ids"][start : start + count].copy_(tokens)
+        return DeviceInputs(self, host)
 
     def synchronize(self):
         """Wait until every staging copy issued so far has finished (no-op without CUDA)."""
