@@ -148,9 +148,8 @@ class HostBuffers:
             raise ValueError("out array cu_seqlens needs at least one entry")
         self.arrays = tuple(arrays[name] for name in ARRAY_FIELDS)
         self.max_num_tokens = min(len(arrays["input_ids"]), len(arrays["position_ids"]))
-        self.max_batch_size = min(len(arrays[name]) for name in ("seq_lens", "num_cached_tokens", "prompt_lens",
-                                                                  "request_ids")) 
-        self.max_batch_size = min(self.max_batch_size, len(arrays["cu_seqlens"]) - 1)
+        per_sequence = ("seq_lens", "num_cached_tokens", "prompt_lens", "request_ids")
+        self.max_batch_size = min(min(len(arrays[name]) for name in per_sequence), len(arrays["cu_seqlens"]) - 1)
         self.max_draft_len = max_draft_len
         self.max_beam_width = None if max_beam_width is None else _count(max_beam_width, "max_beam_width", 1)
         self._writers = {}
