@@ -3,7 +3,8 @@
 Environment switches (read at build time):
   TOKCY_NO_EXTENSIONS=1       do not compile; install the pure twin only.
   TOKCY_REQUIRE_EXTENSIONS=1  any failure to cythonize or compile is fatal (CI sets it).
-  TOKCY_CYTHON_DEBUG=1        bounds checks, wraparound and initialized checks back on.
+  TOKCY_CYTHON_DEBUG=1        bounds checks, wraparound and initialized checks back on,
+                              and the C asserts guarding the nogil loops' writes.
 Without either of the first two, a failure (no Cython, no compiler, a Cython error)
 prints a warning and the install goes on with the pure twin.
 """
@@ -67,7 +68,10 @@ def _extensions():
         from Cython.Build import cythonize
         from setuptools import Extension
 
-        extension = Extension("tokcy._core", ["tokcy/_core.pyx"], extra_compile_args=["-O3"] if os.name != "nt" else [])
+        flags = [] if os.name == "nt" else ["-O3"]
+        if DEBUG and os.name != "nt":
+            flags.append("-UNDEBUG")  # keeps the debug_assert() checks of the nogil loops
+        extension = Extension("tokcy._core", ["tokcy/_core.pyx"], extra_compile_args=flags)
         return cythonize([extension], compiler_directives=DIRECTIVES, force=DEBUG)
     except Exception as error:
         if REQUIRE_EXTENSIONS:

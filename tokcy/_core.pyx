@@ -14,6 +14,11 @@ import numpy as np
 from tokcy import _pickle, _repr, _tokens
 from tokcy._state import RequestState
 
+# C assert(): compiled out (NDEBUG) in release builds; TOKCY_CYTHON_DEBUG=1 builds keep
+# it, so a write past an output's capacity in the nogil loops aborts the debug test run.
+cdef extern from "assert.h" nogil:
+    void debug_assert "assert"(bint condition)
+
 cdef int64_t INT32_MIN = -2147483648
 cdef int64_t INT32_MAX = 2147483647
 

@@ -54,6 +54,13 @@ cdef struct Outputs:
     int32_t* draft_tokens
     int32_t* draft_lens
     int32_t* device_token_slots
+    # capacities, checked by debug_assert() only (plan/write validate the batch first)
+    Py_ssize_t cap_tokens
+    Py_ssize_t cap_gather
+    Py_ssize_t cap_seqs
+    Py_ssize_t cap_drafts
+    Py_ssize_t cap_draft_requests
+    Py_ssize_t cap_device
 
 
 cdef inline void emit_seq(const SeqSpec* spec, Outputs* out, Py_ssize_t* counters) noexcept nogil:
@@ -65,6 +72,9 @@ cdef inline void emit_seq(const SeqSpec* spec, Outputs* out, Py_ssize_t* counter
     cdef int32_t* ids = out.input_ids + row
     cdef int32_t* positions = out.position_ids + row
     cdef int32_t pos0 = <int32_t>spec.pos0
+    debug_assert(row + spec.seq_len <= out.cap_tokens and seq < out.cap_seqs)
+    debug_assert(counters[3] + spec.ndraft <= out.cap_drafts)
+    debug_assert(counters[2] + (spec.seq_len if spec.gather == GATHER_ALL else 1) <= out.cap_gather)
     if spec.ncopy == 1:
         ids[0] = spec.src[0]
     elif spec.ncopy:
@@ -74,6 +84,7 @@ cdef inline void emit_seq(const SeqSpec* spec, Outputs* out, Py_ssize_t* counter
         memcpy(out.draft_tokens + counters[3], spec.draft, spec.ndraft * sizeof(int32_t))
         counters[3] += spec.ndraft
     if spec.kind == KIND_DRAFT:
+        debug_assert(counters[4] < out.cap_draft_requests)
         out.draft_lens[counters[4]] = <int32_t>spec.ndraft
         counters[4] += 1
     for j in range(filled, spec.seq_len):
@@ -88,6 +99,7 @@ cdef inline void emit_seq(const SeqSpec* spec, Outputs* out, Py_ssize_t* counter
             out.gather_ids[counters[2] + j] = <int32_t>(row + j)
         counters[2] += spec.seq_len
     if spec.kind == KIND_DEVICE:
+        debug_assert(counters[5] < out.cap_device)
         out.device_token_slots[counters[5]] = spec.slot
         counters[5] += 1
     out.seq_lens[seq] = <int32_t>spec.seq_len
@@ -124,6 +136,7 @@ cdef void fill_rows(const SeqSpec* specs, Py_ssize_t num_context, Py_ssize_t gen
     row = counters[0]
     seq = counters[1]
     for index in range(num_padding):
+        debug_assert(row < out.cap_tokens and seq < out.cap_seqs)
         out.input_ids[row] = 0
         out.position_ids[row] = 0
         out.seq_lens[seq] = 1
@@ -237,6 +250,12 @@ cdef class InputWriter:
         self._cap_drafts = draft_tokens.shape[0]
         self._cap_draft_requests = draft_lens.shape[0]
         self._cap_device = device_token_slots.shape[0]
+        self._out.cap_tokens = self._cap_tokens
+        self._out.cap_gather = self._cap_gather
+        self._out.cap_seqs = self._cap_seqs
+        self._out.cap_drafts = self._cap_drafts
+        self._out.cap_draft_requests = self._cap_draft_requests
+        self._out.cap_device = self._cap_device
 
     # ------------------------------------------------------------------ scratch
     cdef int _grow(self, Py_ssize_t needed) except -1:

@@ -492,13 +492,13 @@ cdef class ReportState:
             if release_gil:
                 with nogil:
                     self._write(
-                        batch, out_request_ids, out_is_new, out_positions, out_scheduled, out_replaced_tokens,
+                        batch, total_tokens, total_blocks, out_request_ids, out_is_new, out_positions, out_scheduled, out_replaced_tokens,
                         out_token_offsets, out_tokens, out_group_offsets, out_block_offsets, out_block_ids,
                         out_replaced_blocks, out_released_blocks,
                     )
             else:
                 self._write(
-                    batch, out_request_ids, out_is_new, out_positions, out_scheduled, out_replaced_tokens,
+                    batch, total_tokens, total_blocks, out_request_ids, out_is_new, out_positions, out_scheduled, out_replaced_tokens,
                     out_token_offsets, out_tokens, out_group_offsets, out_block_offsets, out_block_ids,
                     out_replaced_blocks, out_released_blocks,
                 )
@@ -523,6 +523,8 @@ cdef class ReportState:
     cdef void _write(
         self,
         Py_ssize_t batch,
+        Py_ssize_t total_tokens,     # the outputs' sizes, checked by debug_assert() only
+        Py_ssize_t total_blocks,
         int64_t* request_ids,
         unsigned char* is_new,
         int64_t* positions,
@@ -560,6 +562,7 @@ cdef class ReportState:
             scheduled[row] = job.scheduled
             replaced_tokens[row] = 0 if job.is_new else slot.num_tokens - job.begin
             count = job.end - job.begin
+            debug_assert(0 <= count and token_offset + count <= total_tokens)
             if count:
                 memcpy(tokens + token_offset, job.data + job.begin, count * sizeof(int32_t))
             token_offset += count
@@ -574,6 +577,7 @@ cdef class ReportState:
                 segment = job.first_segment + group
                 part = &self.segments[segment]
                 count = part.end - part.begin
+                debug_assert(0 <= count and block_offset + count <= total_blocks)
                 if count:
                     memcpy(block_ids + block_offset, part.data + part.begin, count * sizeof(int32_t))
                 block_offset += count
