@@ -87,3 +87,35 @@ def test_views_outlive_a_thousand_reallocations(backend):
     for length, view in enumerate(views, start=4):
         assert len(view) == length
         assert view[-1] == (length - 5 if length > 4 else 3)
+
+
+def test_prepare_while_another_thread_drops_the_request_buffers(backend):
+    """The compiled loop copies without the GIL: it must own the storage it reads. Another
+    thread re-initialising the request (dropping its 32 MiB buffer, which unmaps it) while
+    the chunk is copied must neither crash nor change what this call emits."""
+    import sys
+    import threading
+
+    size = 1 << 23
+    prompt = np.arange(size, dtype=np.int32) % 50000
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        for _ in range(3):
+            request = backend.Request(1, prompt)
+            start = threading.Event()
+
+            def drop():
+                start.wait()
+                request.__init__(1, [7, 8, 9])
+
+            thread = threading.Thread(target=drop)
+            thread.start()
+            start.set()
+            inputs = prepare_inputs([request], [])
+            thread.join()
+            assert inputs.num_tokens == size
+            assert np.array_equal(inputs.input_ids, prompt)
+            assert request.get_tokens(0) == [7, 8, 9]
+    finally:
+        sys.setswitchinterval(interval)
