@@ -5,9 +5,8 @@ import pickle
 import numpy as np
 import pytest
 
-import tokcy
 from tokcy import RequestState
-from tokcy.executor import HostBuffers, prepare_inputs
+from tokcy.executor import prepare_inputs
 
 
 def test_request_whose_init_was_skipped_is_rejected_not_dereferenced(backend):

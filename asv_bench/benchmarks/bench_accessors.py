@@ -8,7 +8,6 @@ clock's resolution. tokcy's accessors are O(1) or O(64) and stay flat in n; the
 request (tokcy) or to a Python list per request (``time_append_list``).
 """
 
-import numpy as np
 
 from tokcy._baselines import tokens as baselines
 

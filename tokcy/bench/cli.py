@@ -13,7 +13,6 @@ import sys
 import time
 
 from tokcy.bench import backends, machine, report
-from tokcy.bench.scenario import LEVELS
 from tokcy.bench.timing import PLANS
 
 SCENARIOS = ("accessors", "executor", "connector", "memory")

@@ -19,7 +19,6 @@ from tokcy.executor._host import (
     ARRAY_FIELDS,
     COUNT_FIELDS,
     HostBuffers,
-    PreparedInputs,
     _count,
     capacity_lengths,
     prepare_inputs,
