@@ -15,10 +15,12 @@ def test_request_whose_init_was_skipped_is_rejected_not_dereferenced(backend):
             pass
 
     lazy = Lazy()
-    # compiled: an empty request in CONTEXT_INIT (wrong state for a generation row);
-    # pure: it has no fields at all. Either way an exception, never a crash.
-    with pytest.raises((ValueError, AttributeError)):
+    # both backends: a blank request (id 0, one empty beam) in CONTEXT_INIT, never a crash
+    assert (lazy.request_id, lazy.get_tokens(), lazy.block_tables) == (0, [[]], ())
+    with pytest.raises(ValueError, match="request 0 in generation_requests must be in state GENERATION_IN_PROGRESS"):
         prepare_inputs([], [lazy])
+    with pytest.raises(ValueError, match="context request 0 has an empty chunk"):
+        prepare_inputs([lazy], [])
 
 
 @pytest.mark.parametrize("name, value", [("max_draft_len", -1), ("max_beam_width", -2)])

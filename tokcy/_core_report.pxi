@@ -376,8 +376,6 @@ cdef class ReportState:
                         if not isinstance(item, Request):
                             _report_checks.not_a_request(_report_checks.GROUPS[kind], index, item, Request)
                         request = <Request>item
-                        if request._beam0 is None or request._block_tables is None or request._draft_tokens is None:
-                            _report_checks.uninitialised(_report_checks.GROUPS[kind], index, item)
                         if request._state_code == 2:
                             _report_checks.finished(request._request_id)
                         number = self._find(request._request_id)

@@ -25,13 +25,6 @@ def not_a_request(group, index, obj, expected):
     raise TypeError(message)
 
 
-def uninitialised(group, index, obj):
-    raise TypeError(
-        f"{group}[{index}] ({_qualified(type(obj))}) has no token buffer or block tables: "
-        f"its __init__ did not run Request.__init__"
-    )
-
-
 def finished(request_id):
     raise ValueError(f"request {request_id} is finished (GENERATION_COMPLETE) and cannot be scheduled")
 

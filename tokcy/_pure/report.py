@@ -86,9 +86,7 @@ class ReportState:
             for index, request in enumerate(items):
                 if not isinstance(request, Request):
                     checks.not_a_request(checks.GROUPS[kind], index, request, Request)
-                beam = _beam0(request)
-                if beam is None:
-                    checks.uninitialised(checks.GROUPS[kind], index, request)
+                beam = request._beams[0]
                 request_id = request._request_id
                 if request._state == RequestState.GENERATION_COMPLETE:
                     checks.finished(request_id)
@@ -210,19 +208,6 @@ class ReportState:
 
     def tracked_request_ids(self):
         return sorted(self._slots)
-
-
-def _beam0(request):
-    """The request's beam-0 token buffer, or None when its ``__init__`` never ran."""
-    try:
-        beams = request._beams
-        tables = request._block_tables
-        request._draft_tokens
-    except AttributeError:
-        return None
-    if not beams or beams[0] is None or tables is None:
-        return None
-    return beams[0]
 
 
 def _concatenate(pieces):

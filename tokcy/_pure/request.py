@@ -35,6 +35,13 @@ class BlockTable:
 
     __slots__ = ("_buffer", "_num_released")
 
+    def __new__(cls, *args, **kwargs):
+        # an empty table until __init__ runs, as the compiled core's __cinit__ makes it
+        self = super().__new__(cls)
+        self._buffer = Int32Buffer(np.empty(0, dtype=np.int32))
+        self._num_released = 0
+        return self
+
     def __init__(self, block_ids=()):
         self._buffer = Int32Buffer(_block_ids_array(block_ids, "block_ids"))
         self._num_released = 0
@@ -149,6 +156,23 @@ class Request:
         "_block_tables",
         "_num_pauses",
     )
+
+    def __new__(cls, *args, **kwargs):
+        # A blank request (id 0, one empty beam, no block tables) until __init__ runs, as
+        # the compiled core's __cinit__ makes it: a subclass that skips super().__init__
+        # gets the same object on both backends.
+        self = super().__new__(cls)
+        self._request_id = 0
+        self._beams = [Int32Buffer(np.empty(0, dtype=np.int32))]
+        self._prompt_len = self._orig_prompt_len = 0
+        self._max_new_tokens = None
+        self._state = RequestState.CONTEXT_INIT
+        self._seq_slot = None
+        self._context_position = self._chunk_size = 0
+        self._draft_tokens = np.empty(0, dtype=np.int32)
+        self._block_tables = ()
+        self._num_pauses = 0
+        return self
 
     def __init__(self, request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1):
         request_id = as_index(request_id, "request_id")

@@ -33,8 +33,7 @@ class SchedulerOutputManager:
           device and the executor feeds it at position n, so KV of tokens 0..n-1 is computed:
           n and 1. The new tokens are the host's delta, as for every row.
 
-        Raises TypeError for an item that is not a ``Request`` of the live backend (or one
-        whose ``__init__`` never ran), and ValueError naming the request for a finished
+        Raises TypeError for an item that is not a ``Request`` of the live backend, and ValueError naming the request for a finished
         request, a request id given twice, a layer-group count that differs from the
         request's earlier reports, or matched tokens beyond a context row's cursor; the
         whole batch is checked first, so a failed call changes neither the manager nor any
