@@ -1,4 +1,9 @@
-"""``SchedulerOutput`` (columnar arrays, one row per scheduled request) and ``RequestData`` (a lazy row view)."""
+"""``SchedulerOutput`` (columnar arrays, one row per scheduled request) and ``RequestData`` (its rows, built lazily)."""
+
+from itertools import compress, repeat
+from operator import itemgetter
+
+import numpy as np
 
 
 class SchedulerOutput:
@@ -49,28 +54,13 @@ class SchedulerOutput:
         self.num_released_blocks = num_released_blocks
         self._new_requests = None
         self._cached_requests = None
-        self._columns = None
+        self._all_rows = None
 
-    _COLUMNS = (
-        "request_ids",
-        "is_new",
-        "computed_positions",
-        "num_scheduled_tokens",
-        "num_replaced_tokens",
-        "token_offsets",
-        "tokens",
-        "group_offsets",
-        "block_offsets",
-        "block_ids",
-        "num_replaced_blocks",
-        "num_released_blocks",
-    )
-
-    def _python_columns(self):
-        """Every column as a Python list, made once, for ``RequestData``."""
-        if self._columns is None:
-            self._columns = {name: getattr(self, name).tolist() for name in self._COLUMNS}
-        return self._columns
+    def _rows(self):
+        """Every row's ``RequestData``, in row order, built on first use (see ``RequestData``)."""
+        if self._all_rows is None:
+            self._all_rows = _build_rows(self)
+        return self._all_rows
 
     def __len__(self):
         return len(self.request_ids)
@@ -79,27 +69,25 @@ class SchedulerOutput:
         """``RequestData`` for one row."""
         if not 0 <= row < len(self.request_ids):
             raise IndexError(f"row {row} is out of range for {len(self.request_ids)} scheduled requests")
-        return RequestData(self, row)
+        return self._rows()[row]
 
     @property
     def requests(self):
         """``RequestData`` for every row, in row order (a new list)."""
-        return [RequestData(self, row) for row in range(len(self.request_ids))]
+        return list(self._rows())
 
     @property
     def new_requests(self):
         """``RequestData`` of the rows reported as new (first report, or after reset / pause)."""
         if self._new_requests is None:
-            is_new = self._python_columns()["is_new"]
-            self._new_requests = [RequestData(self, row) for row in range(len(is_new)) if is_new[row]]
+            self._new_requests = list(compress(self._rows(), self.is_new.tolist()))
         return self._new_requests
 
     @property
     def cached_requests(self):
         """``RequestData`` of the rows reported as deltas."""
         if self._cached_requests is None:
-            is_new = self._python_columns()["is_new"]
-            self._cached_requests = [RequestData(self, row) for row in range(len(is_new)) if not is_new[row]]
+            self._cached_requests = list(compress(self._rows(), (~self.is_new).tolist()))
         return self._cached_requests
 
     @property
@@ -119,90 +107,92 @@ class SchedulerOutput:
         )
 
 
-class RequestData:
-    """One row of a ``SchedulerOutput``; every field is read from the arrays on access.
+class _Columns:
+    """The per-segment columns of one output as Python lists, made on first use: only the
+    fields with one entry per layer group read them."""
 
-    The first ``RequestData`` of an output converts its columns to Python lists once
-    (O(batch + tokens + blocks)); each field is then a list index or slice.
+    __slots__ = ("_output", "_lists")
+
+    def __init__(self, output):
+        self._output = output
+        self._lists = None
+
+    def lists(self):
+        """(group_offsets, block_offsets, block_ids, num_replaced_blocks, num_released_blocks)."""
+        if self._lists is None:
+            out = self._output
+            self._lists = tuple(
+                column.tolist()
+                for column in (out.group_offsets, out.block_offsets, out.block_ids, out.num_replaced_blocks,
+                               out.num_released_blocks)
+            )
+            self._output = None  # the lists are all it needs from now on
+        return self._lists
+
+
+class RequestData(tuple):
+    """One row of a ``SchedulerOutput``, as plain Python values.
+
+    Fields (read-only attributes): ``request_id``, ``is_new``, ``new_tokens``,
+    ``new_block_ids`` (group 0), ``computed_position``, ``num_scheduled_tokens``,
+    ``num_replaced_tokens``; per layer group (a new list on every read):
+    ``new_block_ids_by_group``, ``num_replaced_blocks_by_group``,
+    ``num_released_blocks_by_group``; and ``num_layer_groups``. ``as_dict()`` gives them all.
+
+    A ``SchedulerOutput`` builds the ``RequestData`` of all its rows at once, when the first
+    one is asked for: each column becomes a Python list once and a row's lists are slices
+    of those, so the objects cost O(batch + tokens + blocks) together. ``new_tokens`` and
+    ``new_block_ids`` are lists of this row's own (the same list on every read: copy it
+    before changing it). A ``RequestData`` is a tuple underneath, because a tuple is the
+    cheapest object Python builds per row; read it through its fields, not by index.
     """
 
-    __slots__ = ("_output", "_row", "_columns")
+    __slots__ = ()
 
-    def __init__(self, output, row):
-        self._output = output
-        self._row = row
-        self._columns = output._python_columns()
-
-    @property
-    def request_id(self):
-        return self._columns["request_ids"][self._row]
-
-    @property
-    def is_new(self):
-        """True when this is the request's first report (or its first after reset / pause)."""
-        return self._columns["is_new"][self._row]
-
-    @property
-    def new_tokens(self):
-        """Beam-0 tokens not reported yet (all of them for a new request), as a new list."""
-        columns = self._columns
-        offsets = columns["token_offsets"]
-        return columns["tokens"][offsets[self._row] : offsets[self._row + 1]]
-
-    @property
-    def computed_position(self):
-        return self._columns["computed_positions"][self._row]
-
-    @property
-    def num_scheduled_tokens(self):
-        return self._columns["num_scheduled_tokens"][self._row]
-
-    @property
-    def num_replaced_tokens(self):
-        """Already-reported tokens at the tail that ``new_tokens`` replaces (0 in the common case)."""
-        return self._columns["num_replaced_tokens"][self._row]
+    request_id = property(itemgetter(0), doc="The request's id.")
+    is_new = property(itemgetter(1), doc="True for the request's first report (or its first after reset / pause).")
+    new_tokens = property(itemgetter(2), doc="Beam-0 tokens not reported yet (all of them for a new request).")
+    new_block_ids = property(itemgetter(3), doc="``new_block_ids_by_group[0]``.")
+    computed_position = property(itemgetter(4), doc="Tokens whose KV is computed before this iteration.")
+    num_scheduled_tokens = property(itemgetter(5), doc="Tokens this iteration feeds for the request.")
+    num_replaced_tokens = property(
+        itemgetter(6), doc="Already-reported tokens at the tail that ``new_tokens`` replaces (0 in the common case)."
+    )
+    _row = property(itemgetter(7))
+    _columns = property(itemgetter(8))
 
     def _segments(self):
-        offsets = self._columns["group_offsets"]
+        offsets = self._columns.lists()[0]
         return range(offsets[self._row], offsets[self._row + 1])
 
     @property
     def num_layer_groups(self):
         return len(self._segments())
 
-    def _blocks(self, segment):
-        columns = self._columns
-        offsets = columns["block_offsets"]
-        return columns["block_ids"][offsets[segment] : offsets[segment + 1]]
-
     @property
     def new_block_ids_by_group(self):
         """Per layer group, the block ids not reported yet (lists)."""
-        return [self._blocks(segment) for segment in self._segments()]
-
-    @property
-    def new_block_ids(self):
-        """``new_block_ids_by_group[0]``."""
-        return self._blocks(self._columns["group_offsets"][self._row])
+        _, offsets, block_ids, _, _ = self._columns.lists()
+        return [block_ids[offsets[segment] : offsets[segment + 1]] for segment in self._segments()]
 
     @property
     def num_replaced_blocks_by_group(self):
         """Per group, already-reported block ids at the tail that the new ones replace."""
-        column = self._columns["num_replaced_blocks"]
+        column = self._columns.lists()[3]
         return [column[segment] for segment in self._segments()]
 
     @property
     def num_released_blocks_by_group(self):
         """Per group, how many leading blocks a sliding window has released so far (they read -1)."""
-        column = self._columns["num_released_blocks"]
+        column = self._columns.lists()[4]
         return [column[segment] for segment in self._segments()]
 
     def as_dict(self):
-        """Every field, as plain Python values."""
+        """Every field, as plain Python values (``new_tokens`` copied)."""
         return {
             "request_id": self.request_id,
             "is_new": self.is_new,
-            "new_tokens": self.new_tokens,
+            "new_tokens": list(self.new_tokens),
             "new_block_ids_by_group": self.new_block_ids_by_group,
             "computed_position": self.computed_position,
             "num_scheduled_tokens": self.num_scheduled_tokens,
@@ -216,8 +206,55 @@ class RequestData:
             return self.as_dict() == other.as_dict()
         return NotImplemented
 
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
     __hash__ = None
 
     def __repr__(self):
         fields = ", ".join(f"{key}={value!r}" for key, value in self.as_dict().items())
         return f"RequestData({fields})"
+
+
+def _row_slices(flat, offsets):
+    """``[flat[offsets[r]:offsets[r + 1]].tolist() for every row r]`` (``flat``, ``offsets``:
+    numpy arrays), each a list of its own, with numpy building the lists in one call for the
+    common shapes: every row the same length (decode: one token each, or none), or only a
+    few rows non-empty (decode blocks: a new block every block-size steps)."""
+    count = len(offsets) - 1
+    total = int(offsets[-1] - offsets[0]) if count > 0 else 0
+    if count <= 0:
+        return []
+    if total % count == 0 and offsets[-1] - offsets[-2] == total // count:
+        width = total // count
+        if width == 0 or np.array_equal(offsets, np.arange(0, total + 1, width) + offsets[0]):
+            return flat[offsets[0] : offsets[-1]].reshape(count, width).tolist()
+    lengths = np.diff(offsets)
+    nonempty = np.flatnonzero(lengths)
+    if 4 * len(nonempty) < count:
+        rows = np.empty((count, 0), dtype=flat.dtype).tolist()
+        for row, begin, end in zip(nonempty.tolist(), offsets[nonempty].tolist(), offsets[nonempty + 1].tolist()):
+            rows[row] = flat[begin:end].tolist()
+        return rows
+    values, bounds = flat.tolist(), offsets.tolist()
+    return [values[begin:end] for begin, end in zip(bounds, bounds[1:])]
+
+
+def _build_rows(output):
+    """The ``RequestData`` of every row of ``output`` (all columns read once, as lists)."""
+    count = len(output.request_ids)
+    token_offsets = output.token_offsets
+    new_tokens = _row_slices(output.tokens, token_offsets)
+    if len(output.block_offsets) - 1 == count:  # one layer group per row (every row has one or more)
+        new_block_ids = _row_slices(output.block_ids, output.block_offsets)
+    else:  # group 0 of each row
+        block_offsets, block_ids = output.block_offsets.tolist(), output.block_ids.tolist()
+        new_block_ids = [
+            block_ids[block_offsets[first] : block_offsets[first + 1]] for first in output.group_offsets[:-1].tolist()
+        ]
+    return list(map(tuple.__new__, repeat(RequestData), zip(
+        output.request_ids.tolist(), output.is_new.tolist(), new_tokens, new_block_ids,
+        output.computed_positions.tolist(), output.num_scheduled_tokens.tolist(), output.num_replaced_tokens.tolist(),
+        range(count), repeat(_Columns(output)),
+    )))
