@@ -80,4 +80,30 @@ def _extensions():
         return []
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+# --- the benchmark's floor (tokcy/bench/_floor.c: the hot loops' work in plain C, timed in C).
+# Private, optional, under the same switches: skipped with TOKCY_NO_EXTENSIONS, fatal on
+# failure with TOKCY_REQUIRE_EXTENSIONS; otherwise a failure only drops the bench's floor column.
+FLOOR = "tokcy.bench._floor"
+
+
+def _floor_extension():
+    from setuptools import Extension
+
+    flags = [] if os.name == "nt" else ["-O3", "-std=gnu99"]
+    return [Extension(FLOOR, ["tokcy/bench/_floor.c"], extra_compile_args=flags)]
+
+
+class BuildExtWithFloor(OptionalBuildExt):
+    def build_extension(self, ext):
+        if ext.name != FLOOR:
+            return super().build_extension(ext)
+        try:
+            build_ext.build_extension(self, ext)
+        except Exception as error:
+            if REQUIRE_EXTENSIONS:
+                raise
+            print(f"WARNING: tokcy: compiling the benchmark floor {FLOOR} failed ({error}); "
+                  "'tokcy bench' runs without its floor column.", file=sys.stderr)
+
+
+setup(ext_modules=_extensions() + ([] if NO_EXTENSIONS else _floor_extension()), cmdclass={"build_ext": BuildExtWithFloor})

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tokcy.bench import cli, report
+from tokcy.bench import cli, floor, report
 from tokcy.bench.backends import name_of
 from tokcy.bench.scenario import Row
 
@@ -34,7 +34,7 @@ def test_smoke_run_prints_tables_and_json(backend, capsys, tmp_path):
     data = json.loads(path.read_text())
     assert data["machine"]["cpu"] and data["machine"]["python"]
     names = {s["name"] for s in data["scenarios"]}
-    assert {"accessors", "memory"} <= names
+    assert {"accessors", "memory", "executor_batch", "connector_batch"} <= names
     assert names == set(runnable_scenarios())
     for scenario in data["scenarios"]:
         assert scenario["backend"] == name
@@ -43,8 +43,12 @@ def test_smoke_run_prints_tables_and_json(backend, capsys, tmp_path):
         for row in scenario["rows"]:
             assert set(row["values"]) == set(scenario["implementations"])
             for impl, value in row["values"].items():
-                assert value > 0, (scenario["name"], row["config"], impl)
-            assert set(row["ratios"]) == set(scenario["implementations"]) - {"tokcy"}
+                if impl == "floor" and not floor.available():
+                    assert value is None
+                else:
+                    assert value > 0, (scenario["name"], row["config"], impl)
+            baselines = {name for name in scenario["implementations"] if name != "floor" and not name.startswith("tokcy")}
+            assert set(row["ratios"]) == baselines
             if scenario["unit"] == "s":
                 for timing in row["timings"].values():
                     assert timing["rounds"] == len(timing["round_medians"]) >= 1
@@ -88,9 +92,10 @@ def test_table_layout():
     text = report.table(scenario, "cython", rows)
     lines = text.splitlines()
     assert lines[0].startswith("== ") and "[cython]" in lines[0]
-    assert "tokcy" in lines[1] and "speed-up vs baseline" in lines[1]
+    assert "tokcy" in lines[1] and "copy/tokcy" in lines[1]
     assert set(lines[2].replace(" ", "")) == {"-"}
     assert "2,048" in lines[3] and "50.0 ns" in lines[3] and "25.0 us" in lines[3] and "500x" in lines[3]
+    assert "±" not in lines[3]  # no rounds recorded: no spread shown
 
 
 def test_format_helpers():
@@ -99,3 +104,45 @@ def test_format_helpers():
     assert report.format_seconds(123e-9) == "123 ns"
     assert report.format_ratio(12.34) == "12.3x"
     assert report.format_ratio(None) == "-"
+
+
+def test_table_shows_spread_floor_ratio_quoted_section_and_verdicts():
+    scenario = cli.load_scenario("connector_batch")
+    timing = {"round_medians": [90e-6, 100e-6, 110e-6]}
+    rows = [
+        Row(config={"requests": 256, "tokens": 2048},
+            values={"tokcy": 100e-6, "tokcy+RequestData": 200e-6, "after": 1e-3, "floor": 10e-6},
+            timings={"tokcy": timing}, reference={"TRT-LLM main": 9.88e-3}),
+        Row(config={"requests": 1, "tokens": 2048},
+            values={"tokcy": 3e-6, "tokcy+RequestData": 5e-6, "after": 2e-6, "floor": 5e-9}),
+    ]
+    text = report.table(scenario, "cython", rows)
+    lines = text.splitlines()
+    assert "tokcy/floor" in lines[1] and "speed-up vs after" in lines[1]
+    assert "100 us ±10%" in lines[3] and "10.0x" in lines[3]  # (110 - 90) / 2 / 100; 100 / 10
+    assert "-- quoted, NOT measured here:" in text and "Xeon" in text and "9.88 ms" in text
+    assert "goal FAIL: tokcy within 3x of the floor at requests = 256 (measured: 10.0x the floor)" in text
+    assert "goal not measured: tokcy within 3x of the floor at requests = 1,024" in text
+    assert "goal FAIL: fixed cost per call under 2.00 us" in text and "(measured: 3.00 us)" in text
+    assert "goal PASS: RequestData of a whole report within 3x" in text and "(measured: 2.0x)" in text
+    python = report.table(scenario, "python", rows)
+    assert "goal FAIL: the pure twin no slower than 'after' on any row (measured: 1 of 2 rows slower; " \
+           "worst twin/after = 1.50)" in python
+
+
+def test_goal_summary_counts_verdicts():
+    scenario = cli.load_scenario("executor_batch")
+    rows = [Row(config={"requests": size}, values={"tokcy": 2e-6 * size, "after": 1e-5 * size, "numpy": 1, "floor": 1e-6 * size})
+            for size in (1, 256, 1024, 4096)]
+    assert report.goal_summary([(scenario, "cython", rows)]) == "goals: 3 PASS, 1 FAIL (each under its table)"
+
+
+def test_bench_without_the_floor_says_so(backend, capsys, monkeypatch):
+    monkeypatch.setattr(floor, "_floor", None)
+    monkeypatch.setattr(floor, "WHY_MISSING", "No module named 'tokcy.bench._floor'")
+    code, out, _ = run_cli(capsys, "--smoke", "--backend", name_of(backend), "--scenario", "executor_batch")
+    assert code == 0
+    assert "floor:   not available (tokcy.bench._floor is not built: No module named" in out
+    body = [line for line in out.splitlines() if line.startswith(("1 ", "16 "))]
+    # columns: B, tokcy, after, numpy, floor, two speed-ups, tokcy/floor
+    assert len(body) == 2 and all(line.split()[7] == "-" and line.split()[-1] == "-" for line in body)

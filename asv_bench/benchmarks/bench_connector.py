@@ -1,4 +1,4 @@
-"""KV-connector scheduler output in steady decode (seed 003_4dcae7e0a3c46b11's benchmark).
+"""KV-connector scheduler output in steady decode (the benchmark of TensorRT-LLM pull request #22092).
 
 Each iteration appends one token to every request, and a block to its (single) layer
 group every 32 tokens; then the iteration is reported. The timed call is the report only:
@@ -6,26 +6,32 @@ group every 32 tokens; then the iteration is reported. The timed call is the rep
 before every sample. Implementations:
 
 * ``tokcy``: ``SchedulerOutputManager.build_scheduler_output`` (columnar output);
-* ``tokcy+RequestData``: the same, then every ``RequestData`` materialised with its
-  ``new_tokens`` and ``new_block_ids`` (what a per-request consumer pays);
-* ``before`` / ``after``: the seed's two patterns, in ``tokcy._baselines.connector``.
+* ``tokcy+RequestData``: the same, then every ``RequestData`` built and its ``new_tokens``
+  and ``new_block_ids`` read (what a per-request consumer pays);
+* ``before`` / ``after``: the pull request's two patterns, in ``tokcy._baselines.connector``.
+
+Three grids, each full (every cell runs): the pull request's seven (requests x tokens)
+rows as one ``shape`` parameter, 8 requests at more sequence lengths (the flatness in
+tokens), and the batch size at 2,048 tokens (without ``before``, which grows with the
+tokens held). ``Floor*`` are the same reports as plain C, timed in C
+(``tokcy.bench._floor``), as ``track_`` figures in seconds per call beside them.
 
 The world (requests, blocks, one decode step) is ``tokcy.bench.connector.DecodeWorld``, the
 one ``python -m tokcy bench`` times.
-
-The seed's own figures (engine, main -> PR, ms per iteration) for scale:
-16x8192 2.05 -> 0.16, 16x32768 8.13 -> 0.36, 64x2048 2.35 -> 0.45, 64x8192 8.16 -> 0.67,
-256x2048 9.88 -> 1.81, 256x4096 17.95 -> 2.13, 8x131072 16.14 -> 0.59.
 """
 
 from tokcy import _backend
-from tokcy.bench.connector import DecodeWorld
+from tokcy.bench import floor
+from tokcy.bench.connector import BLOCK, DecodeWorld, read_request_data
+from tokcy.bench.timing import Plan
 
-from ._common import backend_module
+from ._common import BACKENDS, backend_module
 
-# the seed's seven rows, then 8 requests at more lengths for the flatness check
-SHAPES = ["16x8192", "16x32768", "64x2048", "64x8192", "256x2048", "256x4096", "8x131072", "8x2048", "8x8192", "8x32768"]
+SHAPES = ["16x8192", "16x32768", "64x2048", "64x8192", "256x2048", "256x4096", "8x131072"]
+LENGTHS = [2048, 8192, 32768, 131072]
+BATCHES = [16, 64, 256, 1024, 4096]
 IMPLEMENTATIONS = ["tokcy", "tokcy+RequestData", "before", "after"]
+FLOOR_PLAN = Plan(rounds=5)
 
 _WORLDS = {}
 
@@ -37,34 +43,100 @@ def world_for(backend, num_requests, num_tokens, implementation):
     if key not in _WORLDS:
         _WORLDS.clear()
         module = backend_module(backend)
-        manager = "tokcy" if implementation.startswith("tokcy") else implementation
-        world = DecodeWorld(module, num_requests, num_tokens, manager)
-        reference = DecodeWorld(module, num_requests, num_tokens, "after" if manager == "tokcy" else "tokcy")
+        world = DecodeWorld(module, num_requests, num_tokens, implementation)
+        reference = DecodeWorld(module, num_requests, num_tokens, "after" if implementation.startswith("tokcy") else "tokcy")
         if world.reports != reference.reports:
             raise AssertionError(f"{implementation} reports differ from {reference.implementation}'s")
         _WORLDS[key] = world
     return _WORLDS[key]
 
 
-class ConnectorSteadyDecode:
-    # Numeric parameters, so that the dashboard can plot against tokens per request; the
-    # combinations that are not rows of SHAPES are skipped (asv shows them as n/a).
-    params = (["cython", "python"], [8, 16, 64, 256], [2048, 4096, 8192, 32768, 131072], IMPLEMENTATIONS)
-    param_names = ["backend", "requests", "tokens", "implementation"]
+class _SteadyDecode:
     number = 1
     repeat = (20, 200, 10.0)
     warmup_time = 0
     timeout = 600
 
-    def setup(self, backend, num_requests, num_tokens, implementation):
-        if f"{num_requests}x{num_tokens}" not in SHAPES:
-            raise NotImplementedError("not one of the seed's rows")
+    def _setup(self, backend, num_requests, num_tokens, implementation):
         _backend.module = backend_module(backend)
         self.world = world_for(backend, num_requests, num_tokens, implementation)
         self.world.advance()
+        self.consume = read_request_data if implementation == "tokcy+RequestData" else None
 
-    def time_report(self, backend, num_requests, num_tokens, implementation):
+    def _report(self):
         output = self.world.report()
-        if implementation == "tokcy+RequestData":
-            for data in output.cached_requests:
-                data.new_tokens, data.new_block_ids
+        if self.consume is not None:
+            self.consume(output)
+
+
+class ConnectorQuotedRows(_SteadyDecode):
+    """The seven (requests x tokens) rows the pull request measured."""
+
+    params = (BACKENDS, SHAPES, IMPLEMENTATIONS)
+    param_names = ["backend", "shape", "implementation"]
+
+    def setup(self, backend, shape, implementation):
+        num_requests, num_tokens = map(int, shape.split("x"))
+        self._setup(backend, num_requests, num_tokens, implementation)
+
+    def time_report(self, backend, shape, implementation):
+        self._report()
+
+
+class ConnectorSequenceLength(_SteadyDecode):
+    """8 requests; tokcy's line stays flat in tokens, before/after grow."""
+
+    params = (BACKENDS, LENGTHS, IMPLEMENTATIONS)
+    param_names = ["backend", "tokens", "implementation"]
+
+    def setup(self, backend, num_tokens, implementation):
+        self._setup(backend, 8, num_tokens, implementation)
+
+    def time_report(self, backend, num_tokens, implementation):
+        self._report()
+
+
+class ConnectorBatch(_SteadyDecode):
+    """B requests of 2,048 tokens: the cost per request, beside FloorReport.track_batch."""
+
+    params = (BACKENDS, BATCHES, ["tokcy", "tokcy+RequestData", "after"])
+    param_names = ["backend", "requests", "implementation"]
+
+    def setup(self, backend, num_requests, implementation):
+        self._setup(backend, num_requests, 2048, implementation)
+
+    def time_report(self, backend, num_requests, implementation):
+        self._report()
+
+
+class FloorReport:
+    """The floor of the report: seconds per call of the same columns in plain C, timed in C."""
+
+    params = (BATCHES,)
+    param_names = ["requests"]
+    timeout = 300
+
+    def setup(self, num_requests):
+        if not floor.available():
+            raise NotImplementedError(floor.describe())
+
+    def track_batch(self, num_requests):
+        return floor.report(FLOOR_PLAN, num_requests, 2048, BLOCK).median
+
+    track_batch.unit = "seconds"
+
+
+class FloorReportQuotedRows:
+    params = (SHAPES,)
+    param_names = ["shape"]
+    timeout = 300
+
+    def setup(self, shape):
+        if not floor.available():
+            raise NotImplementedError(floor.describe())
+
+    def track_shape(self, shape):
+        num_requests, num_tokens = map(int, shape.split("x"))
+        return floor.report(FLOOR_PLAN, num_requests, num_tokens, BLOCK).median
+
+    track_shape.unit = "seconds"

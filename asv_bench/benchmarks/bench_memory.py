@@ -2,7 +2,7 @@
 
 ``peakmem_grow``: peak resident memory of the benchmark process while the requests grow
 (asv's peakmem measures the whole process, interpreter and imports included, so compare
-the ``store`` rows with each other). ``track_bytes_per_token``: what tracemalloc counts as
+``Memory`` with ``MemoryListBaseline``). ``track_bytes_per_token``: what tracemalloc counts as
 still allocated after growth, divided by the tokens held (tokcy's goal: at most 5 bytes
 per token on the compiled backend; a Python list pays about 36 to 40).
 """
@@ -16,22 +16,39 @@ NUM_TOKENS = 8_192
 
 
 class Memory:
-    params = (BACKENDS, ["tokcy", "list"])
-    param_names = ["backend", "store"]
+    """tokcy's Request, per backend."""
+
+    params = (BACKENDS,)
+    param_names = ["backend"]
     timeout = 600
 
-    def setup(self, backend, store):
-        module = backend_module(backend)
-        if store == "list" and backend == "python":
-            # The list baseline does not depend on the backend: measured once, under "cython".
-            raise NotImplementedError("the list baseline is measured under backend=cython")
-        self.make = makers(module)[store]
+    def setup(self, backend):
+        self.make = makers(backend_module(backend))["tokcy"]
         self.tokens = grown_tokens(NUM_REQUESTS, NUM_TOKENS)
 
-    def peakmem_grow(self, backend, store):
+    def peakmem_grow(self, backend):
         grow(self.make, self.tokens)
 
-    def track_bytes_per_token(self, backend, store):
+    def track_bytes_per_token(self, backend):
+        retained, _peak = bytes_per_token(self.make, NUM_REQUESTS, NUM_TOKENS)
+        return retained
+
+    track_bytes_per_token.unit = "bytes/token"
+
+
+class MemoryListBaseline:
+    """A Python list of int per request (the store tokcy replaces; no backend involved)."""
+
+    timeout = 600
+
+    def setup(self):
+        self.make = makers(None)["list"]
+        self.tokens = grown_tokens(NUM_REQUESTS, NUM_TOKENS)
+
+    def peakmem_grow(self):
+        grow(self.make, self.tokens)
+
+    def track_bytes_per_token(self):
         retained, _peak = bytes_per_token(self.make, NUM_REQUESTS, NUM_TOKENS)
         return retained
 

@@ -1,8 +1,10 @@
 """``python -m tokcy bench`` (or ``tokcy bench``): the seeds' scenarios, timed on this machine.
 
 Prints one table per scenario and backend: each configuration, the median time of each
-implementation (median of round medians, see ``tokcy.bench.timing``) and tokcy's speed-up
-over each. Progress goes to stderr, tables to stdout.
+implementation (median of round medians, see ``tokcy.bench.timing``) with its spread over
+the rounds, tokcy's speed-up over each baseline and its ratio to the plain-C floor, figures
+quoted from elsewhere in a section of their own, and each goal with its verdict, measured
+in the same run. Progress goes to stderr, tables to stdout.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import importlib
 import sys
 import time
 
-from tokcy.bench import backends, machine, report
+from tokcy.bench import backends, floor, machine, report
 from tokcy.bench.timing import PLANS
 
-SCENARIOS = ("accessors", "executor", "connector", "memory")
+SCENARIOS = ("accessors", "executor", "executor_batch", "connector", "connector_batch", "memory")
 
 
 def load_scenario(name: str):
@@ -37,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="level", action="store_const", const="quick",
-                      help="fewer sizes and rounds: under about 20 s")
+                      help="fewer sizes, 3 rounds of 5 iterations: about 30 s (what CI runs)")
     size.add_argument("--full", dest="level", action="store_const", const="full",
                       help="more sizes, the seed's full plan (10 warm-up, 9 rounds x 15) with no time cap: about 10 minutes "
                       "(the 'before' pattern at 131,072 tokens takes about a second per iteration)")
@@ -89,6 +91,7 @@ def main(argv=None) -> int:
         plan = Plan(warmup=1, rounds=1, per_round=1, budget_s=0.01, min_rounds=1, min_sample_s=1e-6)
     info = machine.describe()
     print(report.header(info, wanted, level, plan), flush=True)
+    print(floor.describe(), flush=True)
 
     scenarios = []
     for name in args.scenario or SCENARIOS:
@@ -111,6 +114,9 @@ def main(argv=None) -> int:
                     rows.append(scenario.run(config, module, plan))
                 results.append((scenario, backend, rows))
                 print("\n" + report.table(scenario, backend, rows), flush=True)
+    summary = report.goal_summary(results)
+    if summary:
+        print("\n" + summary, flush=True)
     progress(f"tokcy bench: done in {time.perf_counter() - started:.1f} s")
 
     if args.json:

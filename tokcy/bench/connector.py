@@ -1,4 +1,4 @@
-"""Scenario ``connector``: seed 003's steady decode, tokcy's scheduler output against its patterns.
+"""Scenario ``connector``: the scheduler output in steady decode, against its patterns and the floor.
 
 ``requests`` requests of ``tokens`` tokens, one layer group, 32 tokens per block, past
 their context report. Each iteration appends one token per request (and a block at each
@@ -6,27 +6,32 @@ block boundary), untimed, then the timed call reports the iteration to the conne
 Implementations:
 
 * ``tokcy``: ``tokcy.connector.SchedulerOutputManager.build_scheduler_output`` (columnar);
-* ``before``: the engine before seed 003 (``get_tokens(0)`` whole list per request, whole
-  block list copied), ``tokcy._baselines.connector.BeforeSchedulerOutputManager``;
-* ``after``: seed 003's fix (``get_num_tokens`` / ``get_tokens_range``, block list still
-  copied whole), ``AfterSchedulerOutputManager``.
+* ``tokcy+RequestData``: the same, then every ``RequestData`` of the report built and its
+  ``new_tokens`` and ``new_block_ids`` read (what a per-request consumer pays);
+* ``before``: TensorRT-LLM before pull request #22092 (``get_tokens(0)`` whole list per
+  request, whole block list copied), ``tokcy._baselines.connector.BeforeSchedulerOutputManager``;
+* ``after``: that pull request's fix (``get_num_tokens`` / ``get_tokens_range``, block list
+  still copied whole), ``AfterSchedulerOutputManager``;
+* ``floor``: the same columns as plain C over C arrays, timed in C (``tokcy.bench.floor``).
 
-The seed's own figures (the engine, Xeon Platinum 8352Y, CPython 3.12) are printed beside
-for scale: they time the real engine code with stand-ins, so compare ratios, not values.
-Each implementation's first reports are checked equal to the reference before timing.
+The pull request's own figures (the engine's code, on another machine) are printed in a
+section of their own, marked as quoted. Each implementation's first reports are checked
+equal to the reference before timing. ``tokcy.bench.connector_batch`` sweeps the batch.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from tokcy.bench import floor, goals
 from tokcy.bench.scenario import Row, Scenario
 from tokcy.bench.timing import measure
 
 BLOCK = 32
 
-# Seed 003_4dcae7e0a3c46b11, ms per iteration: (requests, tokens) -> (main, this PR).
-SEED_MS = {
+# Quoted from TensorRT-LLM pull request #22092 (its benchmark of the engine's own code on a
+# Xeon Platinum 8352Y, CPython 3.12), ms per iteration: (requests, tokens) -> (main, the PR).
+QUOTED_MS = {
     (16, 8_192): (2.05, 0.16),
     (16, 32_768): (8.13, 0.36),
     (64, 2_048): (2.35, 0.45),
@@ -35,14 +40,22 @@ SEED_MS = {
     (256, 4_096): (17.95, 2.13),
     (8, 131_072): (16.14, 0.59),
 }
-SEED_ROWS = tuple(SEED_MS)
+QUOTED_ROWS = tuple(QUOTED_MS)
+QUOTED_TITLE = ("TensorRT-LLM pull request #22092's own figures for the engine's code (main, and with the PR), "
+                "measured on a Xeon Platinum 8352Y with CPython 3.12: another machine and other code, for scale only")
 
 CONFIGS = {
     "smoke": ((4, 256), (2, 1_024)),
     "quick": ((64, 2_048), (256, 2_048), (8, 2_048), (8, 131_072)),
-    "default": SEED_ROWS + ((8, 2_048), (8, 8_192), (8, 32_768)),
-    "full": SEED_ROWS + ((8, 2_048), (8, 8_192), (8, 32_768), (256, 8_192)),
+    "default": QUOTED_ROWS + ((8, 2_048), (8, 8_192), (8, 32_768)),
+    "full": QUOTED_ROWS + ((8, 2_048), (8, 8_192), (8, 32_768), (256, 8_192)),
 }
+
+
+def read_request_data(output):
+    """What a per-request consumer does with a report: every RequestData, two fields each."""
+    for data in output.cached_requests:
+        data.new_tokens, data.new_block_ids
 
 
 def make_manager(name):
@@ -51,6 +64,7 @@ def make_manager(name):
 
     return {
         "tokcy": SchedulerOutputManager,
+        "tokcy+RequestData": SchedulerOutputManager,
         "before": baselines.BeforeSchedulerOutputManager,
         "after": baselines.AfterSchedulerOutputManager,
     }[name]()
@@ -58,7 +72,7 @@ def make_manager(name):
 
 def summary(name, output):
     """[(id, new tokens, new block ids, computed position)] of one report, any implementation."""
-    if name == "tokcy":
+    if name.startswith("tokcy"):
         rows = output.new_requests + output.cached_requests
     else:
         rows = list(output[0]) + list(output[1])
@@ -72,10 +86,10 @@ class DecodeWorld:
     the timed call. ``reports``: summaries of the context report and of the first decode
     step's. Also the world of asv_bench/benchmarks/bench_connector.py."""
 
-    def __init__(self, backend, num_requests, num_tokens, implementation, seed=0):
+    def __init__(self, backend, num_requests, num_tokens, implementation, rng_seed=0):
         from tokcy import RequestState
 
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(rng_seed)
         self.requests, self.next_block, self.step = [], 0, 0
         for request_id in range(num_requests):
             request = backend.Request(request_id, rng.integers(0, 128_000, num_tokens, dtype=np.int32))
@@ -103,22 +117,58 @@ class DecodeWorld:
         return self.manager.build_scheduler_output([], self.requests)
 
 
+def run_row(config, backend, plan, names) -> Row:
+    """Time the ``names`` implementations and the floor on one steady-decode world each."""
+    worlds = {name: DecodeWorld(backend, config["requests"], config["tokens"], name) for name in names}
+    expected = worlds["tokcy"].reports
+    for name, world in worlds.items():
+        if world.reports != expected:
+            raise AssertionError(f"connector baseline {name!r} reports differ from tokcy's")
+    timings = {}
+    for name, world in worlds.items():
+        step = world.report
+        if name == "tokcy+RequestData":
+            def step(world=world):
+                read_request_data(world.report())
+        timings[name] = measure(step, plan, before=world.advance)
+    timings["floor"] = floor.report(plan, config["requests"], config["tokens"], BLOCK)
+    quoted = QUOTED_MS.get((config["requests"], config["tokens"]))
+    return Row(
+        config=dict(config),
+        values={name: (t.median if t else None) for name, t in timings.items()},
+        timings={name: t.as_dict() for name, t in timings.items() if t},
+        reference={"TRT-LLM main": quoted[0] * 1e-3, "TRT-LLM + #22092": quoted[1] * 1e-3} if quoted else {},
+    )
+
+
+def request_data_goal(rows, batch=256, factor=3.0):
+    """tokcy+RequestData within ``factor`` of the columnar report alone at ``batch`` requests."""
+    text = f"RequestData of a whole report within {factor:g}x of the columnar report alone at {batch} requests"
+    pairs = [(row.values.get("tokcy+RequestData"), row.values.get("tokcy")) for row in rows
+             if row.config["requests"] == batch]
+    pairs = [(objects, columns) for objects, columns in pairs if objects and columns]
+    if not pairs:
+        return goals.Goal(text, "not run", None)
+    worst = max(objects / columns for objects, columns in pairs)
+    return goals.Goal(text, f"{worst:.1f}x", worst <= factor)
+
+
 class Connector(Scenario):
     name = "connector"
     title = "Connector: scheduler output in steady decode (requests x tokens), per iteration"
     columns = (("requests", "requests"), ("tokens", "tokens each"))
-    implementations = ("tokcy", "before", "after")
+    implementations = ("tokcy", "tokcy+RequestData", "before", "after", "floor")
     needs = ("tokcy.connector", "tokcy._baselines.connector")
     legend = (
-        "tokcy: SchedulerOutputManager.build_scheduler_output (columnar, one pass in the backend)",
-        "before: get_tokens(0) whole list per request + whole block list; after: seed 003's fix "
-        "(get_num_tokens/get_tokens_range, block list still copied)",
-        "seed main / seed PR: seed 003's own figures for the engine (Xeon 8352Y, CPython 3.12), for scale only",
-        "goals (issue 4): >= 20x vs after at 256 x 2,048; 8 x 131,072 within 1.2x of 8 x 2,048",
+        "tokcy: SchedulerOutputManager.build_scheduler_output (columnar, one pass in the backend); "
+        "tokcy+RequestData: the same, then every RequestData built and its new_tokens and new_block_ids read",
+        "before: TensorRT-LLM before pull request #22092 (get_tokens(0) whole list per request + whole block list); "
+        "after: its fix (get_num_tokens/get_tokens_range, block list still copied)",
+        "floor: the same columns as plain C over C arrays, timed in C; tokcy/floor: tokcy's time over the floor's",
     )
+    quoted_title = QUOTED_TITLE
     plot_x = "tokens"
     plot_xlabel = "tokens per request"
-    plot_ylabel = "host time per iteration (s)"
 
     def configs(self, level):
         return [{"requests": r, "tokens": t} for r, t in CONFIGS[level]]
@@ -127,24 +177,18 @@ class Connector(Scenario):
         return f"{config['requests']} x {config['tokens']:,}"
 
     def run(self, config, backend, plan):
-        worlds = {
-            name: DecodeWorld(backend, config["requests"], config["tokens"], name) for name in self.implementations
-        }
-        expected = worlds["tokcy"].reports
-        for name, world in worlds.items():
-            if world.reports != expected:
-                raise AssertionError(f"connector baseline {name!r} reports differ from tokcy's")
-        timings = {name: measure(world.report, plan, before=world.advance) for name, world in worlds.items()}
-        reference = {}
-        seed = SEED_MS.get((config["requests"], config["tokens"]))
-        if seed:
-            reference = {"seed main": seed[0] * 1e-3, "seed PR": seed[1] * 1e-3}
-        return Row(
-            config=dict(config),
-            values={name: t.median for name, t in timings.items()},
-            timings={name: t.as_dict() for name, t in timings.items()},
-            reference=reference,
-        )
+        return run_row(config, backend, plan, [name for name in self.implementations if name != "floor"])
+
+    def goals(self, rows, backend):
+        if backend == "python":
+            return [goals.twin_not_slower(rows)]
+        return [
+            goals.speedup_at_least(rows, "after", 20, lambda c: (c["requests"], c["tokens"]) == (256, 2_048),
+                                   "256 x 2,048"),
+            goals.flat(rows, lambda c: (c["requests"], c["tokens"]) == (8, 2_048),
+                       lambda c: (c["requests"], c["tokens"]) == (8, 131_072), 1.2,
+                       "tokcy flat in tokens: 8 x 131,072 within 1.2x of 8 x 2,048"),
+        ]
 
     def plot_series(self, rows):
         """Per-iteration time of the batch size measured at the most sequence lengths (8 requests)."""
@@ -153,12 +197,7 @@ class Connector(Scenario):
             lengths.setdefault(row.config["requests"], set()).add(row.config["tokens"])
         batch = max(lengths, key=lambda r: (len(lengths[r]), max(lengths[r]) / min(lengths[r]), -r))
         self.plot_xlabel = f"tokens per request ({batch} requests)"
-        chosen = [row for row in rows if row.config["requests"] == batch]
-        series = []
-        for name in self.implementations:
-            points = sorted((row.config["tokens"], row.values[name]) for row in chosen)
-            series.append((name, [x for x, _ in points], [y for _, y in points]))
-        return series
+        return super().plot_series([row for row in rows if row.config["requests"] == batch])
 
 
 SCENARIO = Connector()

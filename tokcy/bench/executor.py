@@ -1,22 +1,25 @@
-"""Scenario ``executor``: issue 3's batch, tokcy's ``prepare_inputs`` against three baselines.
+"""Scenario ``executor``: tokcy's ``prepare_inputs`` against three baselines and the floor.
 
 Batch: one context request whose chunk of 8,192 tokens starts at position L, and 255
 generation requests of L tokens, with 0 or 3 draft tokens each (the builder is
 ``tokcy._baselines.executor.make_batch``). One iteration builds every input array of the
 batch. Implementations (``tokcy._baselines.executor``):
 
-* ``tokcy``: ``tokcy.executor.prepare_inputs(..., out=HostBuffers)``, one Cython pass;
-* ``before``: seed 000's old code, ``get_tokens(0)`` copied whole per request;
-* ``after``: seed 000's fix, a per-request Python loop over O(1)/O(range) accessors;
-* ``numpy``: vLLM-style vectorised gather from a persistent ``[requests, max_len]`` array.
+* ``tokcy``: ``tokcy.executor.prepare_inputs(..., out=HostBuffers)``, one pass in the backend;
+* ``before``: TensorRT-LLM before pull request #16791, ``get_tokens(0)`` copied whole per request;
+* ``after``: that pull request's fix, a per-request Python loop over O(1)/O(range) accessors;
+* ``numpy``: vLLM-style vectorised gather from a persistent ``[requests, max_len]`` array;
+* ``floor``: the same rows as plain C over C arrays, timed in C (``tokcy.bench.floor``).
 
 Every baseline's arrays are checked equal to tokcy's once per configuration, before timing.
+``tokcy.bench.executor_batch`` sweeps the batch size instead of L.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from tokcy.bench import floor, goals
 from tokcy.bench.scenario import Row, Scenario
 from tokcy.bench.timing import measure
 
@@ -37,40 +40,56 @@ def check_same(name, produced, expected):
             raise AssertionError(f"executor baseline {name!r} differs from tokcy in {field}")
 
 
-def implementations(backend, seq_len, num_drafts, chunk, num_generation):
-    """name -> step (no argument), after checking every baseline against tokcy."""
+def implementations(backend, seq_len, num_drafts, chunk, num_generation, names=("before", "after", "numpy")):
+    """name -> step (no argument) for tokcy and the ``names`` baselines, after checking each against tokcy."""
     from tokcy._baselines import executor as baselines
     from tokcy.executor import HostBuffers, prepare_inputs
 
-    context, generation = baselines.make_batch(
-        backend, seq_len, num_drafts, chunk=chunk, num_generation=num_generation
+    context, generation = baselines.make_batch(  # (a chunk of 1 when there is none: the builder needs one)
+        backend, seq_len, num_drafts, chunk=max(chunk, 1), num_generation=num_generation
     )
+    if not chunk:
+        context = []
     rows = chunk + (1 + num_drafts) * num_generation
     out = HostBuffers(rows, num_generation + 1, max(num_drafts, 1))
-    numpy_batch = baselines.NumpyInputBatch(context, generation)
     expected = prepare_inputs(context, generation, max_draft_len=num_drafts, out=out).asdict()
-    check_same("before", baselines.before(context, generation), expected)
-    check_same("after", baselines.after(context, generation), expected)
-    check_same("numpy", numpy_batch.prepare(), expected)
-    return {
-        "tokcy": lambda: prepare_inputs(context, generation, max_draft_len=num_drafts, out=out),
-        "before": lambda: baselines.before(context, generation),
-        "after": lambda: baselines.after(context, generation),
-        "numpy": numpy_batch.prepare,
-    }
+    steps = {"tokcy": lambda: prepare_inputs(context, generation, max_draft_len=num_drafts, out=out)}
+    if "before" in names:
+        steps["before"] = lambda: baselines.before(context, generation)
+    if "after" in names:
+        steps["after"] = lambda: baselines.after(context, generation)
+    if "numpy" in names:
+        steps["numpy"] = baselines.NumpyInputBatch(context, generation).prepare
+    for name, step in steps.items():
+        if name != "tokcy":
+            check_same(name, step(), expected)
+    return steps
+
+
+def run_row(config, backend, plan, names, num_generation, seq_len, num_drafts, chunk) -> Row:
+    """Time tokcy, the ``names`` baselines and the floor on one batch."""
+    steps = implementations(backend, seq_len, num_drafts, chunk, num_generation, names)
+    timings = {name: measure(step, plan) for name, step in steps.items()}
+    timings["floor"] = floor.prepare(plan, num_generation, seq_len, num_drafts, chunk)
+    return Row(
+        config=dict(config),
+        values={name: (t.median if t else None) for name, t in timings.items()},
+        timings={name: t.as_dict() for name, t in timings.items() if t},
+    )
 
 
 class Executor(Scenario):
     name = "executor"
     title = "Executor: prepare_inputs for 1 context chunk + 255 generation requests of L tokens, per iteration"
     columns = (("seq_len", "L (tokens)"), ("drafts", "drafts"))
-    implementations = ("tokcy", "before", "after", "numpy")
+    implementations = ("tokcy", "before", "after", "numpy", "floor")
     needs = ("tokcy.executor", "tokcy._baselines.executor")
     legend = (
         "tokcy: prepare_inputs into preallocated HostBuffers (one pass in the backend: Cython, or the pure twin)",
-        "before: seed 000 old code (get_tokens(0) whole list per request); after: seed 000 fix "
+        "before: TensorRT-LLM before pull request #16791 (get_tokens(0) whole list per request); after: its fix "
         "(per-request Python loop, O(1)/O(range) accessors); numpy: vLLM-style gather from a [requests, max_len] array",
-        "goals (issue 3): >= 10x vs after, >= 3x vs numpy, tokcy at L=131,072 within 1.2x of L=2,048",
+        "floor: the same rows as plain C over C arrays (requests scattered on the heap), timed in C; "
+        "tokcy/floor: tokcy's time over the floor's (1.0x is the floor)",
     )
     plot_x = "seq_len"
     plot_xlabel = "sequence length L (tokens), 0 drafts"
@@ -85,15 +104,20 @@ class Executor(Scenario):
         return f"L={config['seq_len']:,} drafts={config['drafts']}"
 
     def run(self, config, backend, plan):
-        steps = implementations(
-            backend, config["seq_len"], config["drafts"], config["chunk"], config["generation_requests"]
-        )
-        timings = {name: measure(step, plan) for name, step in steps.items()}
-        return Row(
-            config=dict(config),
-            values={name: t.median for name, t in timings.items()},
-            timings={name: t.as_dict() for name, t in timings.items()},
-        )
+        return run_row(config, backend, plan, ("before", "after", "numpy"), config["generation_requests"],
+                       config["seq_len"], config["drafts"], config["chunk"])
+
+    def goals(self, rows, backend):
+        if backend == "python":
+            return [goals.twin_not_slower(rows)]
+        lengths = [row.config["seq_len"] for row in rows if row.config["drafts"] == 0]
+        return [
+            goals.speedup_at_least(rows, "after", 10),
+            goals.speedup_at_least(rows, "numpy", 3),
+            goals.flat(rows, lambda c: c["drafts"] == 0 and c["seq_len"] == min(lengths, default=0),
+                       lambda c: c["drafts"] == 0 and c["seq_len"] == max(lengths, default=0), 1.2,
+                       "tokcy flat in L: the longest L within 1.2x of the shortest (0 drafts)"),
+        ]
 
     def plot_series(self, rows):
         drafts = min(row.config["drafts"] for row in rows)

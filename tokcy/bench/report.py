@@ -63,40 +63,74 @@ def header(machine: dict, backends: list, level: str, plan=None) -> str:
     return "\n".join(lines)
 
 
-def table(scenario, backend: str, rows: list) -> str:
-    """One table: configuration columns, each implementation's median, tokcy's ratio over each."""
-    others = [name for name in scenario.implementations if name != "tokcy"]
-    references = []
-    for row in rows:
-        for label in row.reference:
-            if label not in references:
-                references.append(label)
-    headings = [heading for _, heading in scenario.columns]
-    headings += list(scenario.implementations)
-    headings += [f"{scenario.ratio_label} vs {name}" for name in others]
-    headings += references
-    body = []
-    for row in rows:
-        cells = [format_config(row.config.get(key)) for key, _ in scenario.columns]
-        cells += [format_value(row.values.get(name), scenario.unit) for name in scenario.implementations]
-        ratios = row.ratios()
-        cells += [format_ratio(ratios.get(name)) for name in others]
-        cells += [format_value(row.reference.get(label), scenario.unit) for label in references]
-        body.append(cells)
+def format_spread(value, spread) -> str:
+    """'±N%': half the range (lowest to highest round median) in % of the median."""
+    if value is None or not spread or not value:
+        return ""
+    half = (spread[1] - spread[0]) / 2 / value * 100
+    return f" ±{half:.0f}%" if half >= 1 else " ±<1%"
+
+
+def _aligned(headings: list, body: list, numeric_from: int) -> list:
     widths = [max(len(h), *(len(cells[i]) for cells in body)) if body else len(h) for i, h in enumerate(headings)]
-    numeric_from = len(scenario.columns)
 
     def line(cells):
         return "  ".join(
             cell.ljust(width) if i < numeric_from else cell.rjust(width) for i, (cell, width) in enumerate(zip(cells, widths))
         ).rstrip()
 
-    out = [f"== {scenario.title} [{backend}]", line(headings), line(["-" * w for w in widths])]
-    out += [line(cells) for cells in body]
+    return [line(headings), line(["-" * w for w in widths])] + [line(cells) for cells in body]
+
+
+def table(scenario, backend: str, rows: list) -> str:
+    """One table: configuration columns, each implementation's median (and spread), tokcy's
+    speed-up over each baseline, tokcy / floor; then figures quoted from elsewhere, and the goals."""
+    from tokcy.bench.scenario import is_baseline
+
+    baselines = [name for name in scenario.implementations if is_baseline(name)]
+    has_floor = "floor" in scenario.implementations
+    headings = [heading for _, heading in scenario.columns]
+    headings += list(scenario.implementations)
+    headings += [scenario.ratio_label if "/" in scenario.ratio_label else f"{scenario.ratio_label} vs {name}"
+                 for name in baselines]
+    headings += ["tokcy/floor"] if has_floor else []
+    body = []
+    for row in rows:
+        cells = [format_config(row.config.get(key)) for key, _ in scenario.columns]
+        cells += [
+            format_value(row.values.get(name), scenario.unit) + format_spread(row.values.get(name), row.spread(name))
+            for name in scenario.implementations
+        ]
+        ratios = row.ratios()
+        cells += [format_ratio(ratios.get(name)) for name in baselines]
+        cells += [format_ratio(row.floor_ratio())] if has_floor else []
+        body.append(cells)
+    out = [f"== {scenario.title} [{backend}]"] + _aligned(headings, body, len(scenario.columns))
     out += [f"   {text}" for text in scenario.legend]
+    if any(row.spread(name) for row in rows for name in scenario.implementations):
+        out.append("   ±: half the range from the lowest to the highest round median, in % of the median")
     notes = [row.note for row in rows if row.note and row.note != "tracemalloc"]
     out += [f"   note: {text}" for text in dict.fromkeys(notes)]
+    quoted = [row for row in rows if row.reference]
+    if quoted:
+        labels = list(dict.fromkeys(label for row in quoted for label in row.reference))
+        out.append(f"-- quoted, NOT measured here: {scenario.quoted_title}")
+        lines = _aligned([heading for _, heading in scenario.columns] + labels,
+                         [[format_config(row.config.get(key)) for key, _ in scenario.columns]
+                          + [format_value(row.reference.get(label), scenario.unit) for label in labels] for row in quoted],
+                         len(scenario.columns))
+        out += [f"   {line}" for line in lines]
+    out += [f"   goal {goal.verdict}: {goal.text} (measured: {goal.measured})" for goal in scenario.goals(rows, backend)]
     return "\n".join(out)
+
+
+def goal_summary(results: list) -> str:
+    """The verdict of every goal of the run, counted."""
+    goals = [goal for scenario, backend, rows in results for goal in scenario.goals(rows, backend)]
+    if not goals:
+        return ""
+    counts = {verdict: sum(goal.verdict == verdict for goal in goals) for verdict in ("PASS", "FAIL", "not measured")}
+    return "goals: " + ", ".join(f"{count} {verdict}" for verdict, count in counts.items() if count) + " (each under its table)"
 
 
 def to_json(machine: dict, level: str, results: list, plan=None) -> dict:
@@ -136,35 +170,57 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
+
+
+def time_unit(values) -> tuple:
+    """(label, scale) for a time axis: ns, us or ms, whichever keeps the numbers readable."""
+    largest = max(values, default=0.0)
+    for label, scale in (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3)):
+        if largest < 1000 * scale:
+            return label, scale
+    return "s", 1.0
+
+
 def plot(path: str, machine: dict, results: list) -> None:
-    """Host time against sequence length, one panel per scenario (and backend), log axes."""
+    """Host time against sequence length or batch size, one panel per scenario and backend,
+    log axes in ns/µs/ms; each line its own marker and line style."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
     except ImportError as error:
         raise PlotUnavailable(
             f"--plot needs matplotlib, which is not installed ({error}); "
             "install it with: pip install 'tokcy[bench]'  (or: pip install matplotlib)"
         ) from error
-    panels = [(s, b, rows) for s, b, rows in results if s.plot_x and rows]
+    panels = [(s, b, series) for s, b, rows in results if s.plot_x and rows for series in [s.plot_series(rows)] if series]
     if not panels:
-        raise PlotUnavailable("nothing to plot: run a scenario that varies the sequence length")
+        raise PlotUnavailable("nothing to plot: run a scenario that varies the sequence length or the batch size")
     columns = min(2, len(panels))
     lines = math.ceil(len(panels) / columns)
-    figure, axes = plt.subplots(lines, columns, figsize=(6.5 * columns, 4.6 * lines), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, (scenario, backend, rows) in zip(axes.flat, panels):
-        for label, xs, ys in scenario.plot_series(rows):
+    figure = plt.figure(figsize=(6.5 * columns, 4.6 * lines))
+    grid = figure.add_gridspec(lines, 2 * columns)
+    for index, (scenario, backend, series) in enumerate(panels):
+        line, column = divmod(index, columns)
+        last_alone = index == len(panels) - 1 and len(panels) % columns
+        span = slice(0, 2 * columns) if last_alone else slice(2 * column, 2 * column + 2)
+        ax = figure.add_subplot(grid[line, span])  # an odd last panel spans the row: no empty panel
+        unit, scale = time_unit([y for _, _, ys in series for y in ys])
+        for number, (label, xs, ys) in enumerate(series):
             tokcy_line = label.startswith("tokcy") or "(tokcy)" in label
-            ax.plot(xs, ys, marker="o", linewidth=2.4 if tokcy_line else 1.4,
-                    linestyle="-" if tokcy_line else "--", label=label)
+            ax.plot(xs, [y / scale for y in ys], marker=MARKERS[number % len(MARKERS)],
+                    linestyle=LINESTYLES[number % len(LINESTYLES)], linewidth=2.4 if tokcy_line else 1.4,
+                    markersize=6 if tokcy_line else 5, label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
         ax.set_xlabel(scenario.plot_xlabel)
-        ax.set_ylabel(scenario.plot_ylabel)
+        ax.set_ylabel(scenario.plot_ylabel.replace("(s)", f"({unit})"))
         ax.set_title(f"{scenario.name} [{backend}]", fontsize=11)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)

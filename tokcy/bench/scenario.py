@@ -18,23 +18,52 @@ class Row:
     note: str = ""
 
     def ratios(self, tokcy_name: str = "tokcy") -> dict:
-        """baseline / tokcy for every other implementation (tokcy's speed-up or saving)."""
+        """baseline / tokcy for every baseline (tokcy's speed-up or saving); the floor and
+        tokcy's own variants ("tokcy+...") are not baselines."""
         mine = self.values.get(tokcy_name)
         out = {}
         for name, value in self.values.items():
-            if name != tokcy_name:
+            if is_baseline(name):
                 out[name] = (value / mine) if mine and value is not None else None
         return out
+
+    def floor_ratio(self, name: str = "tokcy"):
+        """name / floor: how many times the plain-C floor tokcy takes (None without a floor)."""
+        mine, floor = self.values.get(name), self.values.get("floor")
+        return mine / floor if mine and floor else None
+
+    def spread(self, name: str):
+        """(lowest, highest) round median of a timed implementation, or None."""
+        rounds = (self.timings.get(name) or {}).get("round_medians")
+        return (min(rounds), max(rounds)) if rounds and len(rounds) > 1 else None
 
     def as_dict(self) -> dict:
         return {
             "config": self.config,
             "values": self.values,
             "ratios": self.ratios(),
+            "tokcy_over_floor": self.floor_ratio(),
             "timings": self.timings,
             "reference": self.reference,
             "note": self.note,
         }
+
+
+def is_baseline(name: str) -> bool:
+    return name != "floor" and not name.startswith("tokcy")
+
+
+@dataclass
+class Goal:
+    """A goal checked on the figures of this run: what it asks, what was measured, the verdict."""
+
+    text: str
+    measured: str
+    passed: bool | None  # None: not measured in this run
+
+    @property
+    def verdict(self) -> str:
+        return "not measured" if self.passed is None else ("PASS" if self.passed else "FAIL")
 
 
 class Scenario:
@@ -71,6 +100,12 @@ class Scenario:
 
     def run(self, config: dict, backend, plan) -> Row:
         raise NotImplementedError
+
+    def goals(self, rows: list, backend: str) -> list:
+        """The goals this scenario's figures are checked against (``Goal``s)."""
+        return []
+
+    quoted_title = ""  # what the rows' ``reference`` figures are and where they were measured
 
     def plot_series(self, rows: list) -> list:
         """[(label, xs, ys)] for the plot; by default one line per implementation over plot_x."""

@@ -1,0 +1,69 @@
+"""The bench's floor (tokcy.bench._floor): the same work as tokcy's loops, counted, never timed.
+
+The floor returns, beside its timings, how much it wrote: the token rows of every timed
+``prepare`` call and the tokens plus block ids of every timed ``report``. Those counts
+must equal what tokcy's own loops produce for the same batch (the floor is only a fair
+floor if it does the same work).
+"""
+
+import pytest
+
+from tokcy.bench import floor
+
+pytestmark = pytest.mark.skipif(not floor.available(), reason=f"the floor is not built here: {floor.WHY_MISSING}")
+
+
+@pytest.mark.parametrize("num_generation, seq_len, num_drafts, chunk", [(7, 64, 0, 0), (7, 64, 3, 16), (1, 5, 2, 0)])
+def test_prepare_writes_the_rows_prepare_inputs_writes(backend, num_generation, seq_len, num_drafts, chunk):
+    from tokcy._baselines.executor import make_batch
+    from tokcy.executor import prepare_inputs
+
+    context, generation = make_batch(backend, seq_len, num_drafts, chunk=max(chunk, 1), num_generation=num_generation)
+    inputs = prepare_inputs(context if chunk else [], generation, max_draft_len=num_drafts)
+    reps, rounds = 3, 2
+    seconds, rows = floor._floor.prepare(num_generation, seq_len, num_drafts, chunk, reps, rounds)
+    assert len(seconds) == rounds and all(value >= 0 for value in seconds)
+    assert rows == reps * rounds * inputs.num_tokens
+    assert inputs.num_tokens == chunk + num_generation * (1 + num_drafts)  # by hand
+
+
+@pytest.mark.parametrize("num_requests, num_tokens", [(3, 64), (5, 30)])
+def test_report_copies_the_entries_the_connector_reports(backend, num_requests, num_tokens):
+    """Steady decode: every step one token per request, and a block when the length passes
+    a multiple of 32; the timed steps are the ones after the warm-up round."""
+    from tokcy.bench.connector import BLOCK, DecodeWorld
+
+    reps, rounds = 4, 3
+    _, entries = floor._floor.report(num_requests, num_tokens, BLOCK, reps, rounds)
+    timed_steps = range(reps + 1, reps * (rounds + 1) + 1)
+    by_hand = sum(num_requests * (1 + ((num_tokens + step) % BLOCK == 1)) for step in timed_steps)
+    assert entries == by_hand
+    world = DecodeWorld(backend, num_requests, num_tokens, "tokcy")  # has reported step 1
+    for _ in range(2, reps + 1):
+        world.advance()
+        world.report()
+    reported = 0
+    for _ in timed_steps:
+        world.advance()
+        output = world.report()
+        reported += output.num_new_tokens + output.num_new_blocks
+    assert reported == by_hand
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="reps, rounds >= 1"):
+        floor._floor.prepare(4, 16, 0, 0, 0, 1)
+    with pytest.raises(ValueError, match=r"num_drafts must be in \[0, 8\]"):
+        floor._floor.prepare(4, 16, 9, 0, 1, 1)
+    with pytest.raises(ValueError, match="block_size and num_tokens must be >= 1"):
+        floor._floor.report(4, 16, 0, 1, 1)
+    with pytest.raises(TypeError):
+        floor._floor.report(4, 16, 32, 1)
+
+
+def test_timing_wraps_the_rounds():
+    from tokcy.bench.timing import Plan
+
+    timing = floor.report(Plan(rounds=3), 8, 64, 32)
+    assert timing.rounds == len(timing.round_medians) == 3 and timing.number == timing.per_round >= 1
+    assert min(timing.round_medians) <= timing.median <= max(timing.round_medians)

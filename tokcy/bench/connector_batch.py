@@ -1,0 +1,56 @@
+"""Scenario ``connector_batch``: how the scheduler output grows with the batch, beside the floor.
+
+B requests of 2,048 tokens in steady decode (one new token per request per iteration, a
+new block every 32), as in ``tokcy.bench.connector``, without ``before`` (its cost grows
+with the tokens held, which that scenario shows). Goals: tokcy within 3x of the floor at
+B = 256, 1,024 and 4,096, a fixed cost per call under 2 us, the RequestData of a report
+within 3x of the columns alone at B = 256, and the pure twin no slower than ``after``.
+"""
+
+from __future__ import annotations
+
+from tokcy.bench import goals
+from tokcy.bench.connector import QUOTED_TITLE, request_data_goal, run_row
+from tokcy.bench.scenario import Scenario
+
+TOKENS = 2_048
+BATCHES = {
+    "smoke": (1, 16),
+    "quick": (1, 256, 1_024, 4_096),
+    "default": (1, 16, 64, 256, 1_024, 4_096),
+    "full": (1, 16, 64, 256, 1_024, 4_096),
+}
+GOAL_BATCHES = (256, 1_024, 4_096)
+
+
+class ConnectorBatch(Scenario):
+    name = "connector_batch"
+    title = f"Connector: scheduler output for B requests of {TOKENS:,} tokens in steady decode, per iteration"
+    columns = (("requests", "B (requests)"),)
+    implementations = ("tokcy", "tokcy+RequestData", "after", "floor")
+    needs = ("tokcy.connector", "tokcy._baselines.connector")
+    legend = (
+        "tokcy: build_scheduler_output (columnar); tokcy+RequestData: then every RequestData built, new_tokens and "
+        "new_block_ids read; after: TensorRT-LLM pull request #22092's loop; floor: the same columns as plain C",
+    )
+    quoted_title = QUOTED_TITLE
+    plot_x = "requests"
+    plot_xlabel = f"batch size B (requests of {TOKENS:,} tokens)"
+
+    def configs(self, level):
+        return [{"requests": batch, "tokens": TOKENS} for batch in BATCHES[level]]
+
+    def describe(self, config):
+        return f"B={config['requests']:,}"
+
+    def run(self, config, backend, plan):
+        return run_row(config, backend, plan, ["tokcy", "tokcy+RequestData", "after"])
+
+    def goals(self, rows, backend):
+        if backend == "python":
+            return [goals.twin_not_slower(rows)]
+        return (goals.within_floor(rows, "requests", GOAL_BATCHES) + [goals.fixed_cost(rows, "requests")]
+                + [request_data_goal(rows)])
+
+
+SCENARIO = ConnectorBatch()

@@ -1,0 +1,54 @@
+"""Scenario ``executor_batch``: how ``prepare_inputs`` grows with the batch, beside the floor.
+
+B generation requests of L = 2,048 tokens, no drafts, no context chunk (a decode step:
+one row per request). Implementations as in ``tokcy.bench.executor``, without ``before``
+(its cost grows with L, which that scenario shows). The goals of a decode step: tokcy
+within 3x of the floor at B = 256, 1,024 and 4,096, a fixed cost per call under 2 us,
+and the pure twin no slower than the per-request Python loop.
+"""
+
+from __future__ import annotations
+
+from tokcy.bench import goals
+from tokcy.bench.executor import run_row
+from tokcy.bench.scenario import Scenario
+
+SEQ_LEN = 2_048
+BATCHES = {
+    "smoke": (1, 16),
+    "quick": (1, 256, 1_024, 4_096),
+    "default": (1, 16, 64, 256, 1_024, 4_096),
+    "full": (1, 16, 64, 256, 1_024, 4_096),
+}
+GOAL_BATCHES = (256, 1_024, 4_096)
+
+
+class ExecutorBatch(Scenario):
+    name = "executor_batch"
+    title = f"Executor: prepare_inputs for B generation requests of {SEQ_LEN:,} tokens (decode step), per iteration"
+    columns = (("requests", "B (requests)"),)
+    implementations = ("tokcy", "after", "numpy", "floor")
+    needs = ("tokcy.executor", "tokcy._baselines.executor")
+    legend = (
+        "tokcy: prepare_inputs into preallocated HostBuffers; after: the per-request Python loop of TensorRT-LLM "
+        "pull request #16791; numpy: vLLM-style gather; floor: the same rows as plain C, timed in C",
+    )
+    plot_x = "requests"
+    plot_xlabel = f"batch size B (requests of {SEQ_LEN:,} tokens)"
+
+    def configs(self, level):
+        return [{"requests": batch} for batch in BATCHES[level]]
+
+    def describe(self, config):
+        return f"B={config['requests']:,}"
+
+    def run(self, config, backend, plan):
+        return run_row(config, backend, plan, ("after", "numpy"), config["requests"], SEQ_LEN, 0, 0)
+
+    def goals(self, rows, backend):
+        if backend == "python":
+            return [goals.twin_not_slower(rows)]
+        return goals.within_floor(rows, "requests", GOAL_BATCHES) + [goals.fixed_cost(rows, "requests")]
+
+
+SCENARIO = ExecutorBatch()

@@ -1,0 +1,64 @@
+"""The ``floor`` column: the same work as tokcy's hot loops, as plain C timed in C.
+
+``tokcy.bench._floor`` (compiled from ``tokcy/bench/_floor.c`` with the package, optional)
+builds the batch of a configuration in C (every request its own heap object and token
+storage, allocated in a shuffled order) and times the loop with ``clock_gettime`` around
+many repetitions, so no Python is counted. It writes the arrays tokcy writes, same dtypes
+and bytes. What it leaves out is what tokcy adds: validation, Python objects, the hash
+lookup of a request's state (the floor keeps that state by batch position).
+Without the helper the bench runs and says so; the column shows "-".
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from tokcy.bench.timing import Timing
+
+try:
+    from tokcy.bench import _floor
+except ImportError as error:  # built without it (no compiler, TOKCY_NO_EXTENSIONS)
+    _floor = None
+    WHY_MISSING = str(error)
+else:
+    WHY_MISSING = ""
+
+
+def available() -> bool:
+    return _floor is not None
+
+
+def describe() -> str:
+    """One header line saying what the floor column is, or why it is empty."""
+    if _floor is None:
+        return f"floor:   not available (tokcy.bench._floor is not built: {WHY_MISSING}); the floor column shows '-'"
+    return "floor:   the same work as plain C over C arrays, timed in C (tokcy.bench._floor)"
+
+
+def _repetitions(plan, estimate_s: float) -> int:
+    """Repetitions per round so that a round lasts about 0.5 ms (0.1 ms in a quick plan)."""
+    target = 1e-4 if plan.budget_s is not None and plan.budget_s < 0.1 else 5e-4
+    return max(1, min(200_000, int(target / max(estimate_s, 1e-9))))
+
+
+def _timing(per_round: list, plan, reps: int) -> Timing:
+    return Timing(median=statistics.median(per_round), round_medians=list(per_round), rounds=len(per_round),
+                  per_round=reps, warmup=1, number=reps)
+
+
+def prepare(plan, num_generation: int, seq_len: int, num_drafts: int, chunk: int) -> Timing | None:
+    """prepare_inputs' rows for one context chunk (chunk > 0) and num_generation requests."""
+    if _floor is None:
+        return None
+    reps = _repetitions(plan, 8e-9 * (num_generation * (1 + num_drafts)) + 0.5e-9 * chunk + 50e-9)
+    per_round, _ = _floor.prepare(num_generation, seq_len, num_drafts, chunk, reps, max(1, plan.rounds))
+    return _timing(per_round, plan, reps)
+
+
+def report(plan, num_requests: int, num_tokens: int, block_size: int) -> Timing | None:
+    """build_scheduler_output's columns in steady decode (one new token per request)."""
+    if _floor is None:
+        return None
+    reps = _repetitions(plan, 2 * 10e-9 * num_requests + 100e-9)  # each repetition also runs the untimed step
+    per_round, _ = _floor.report(num_requests, num_tokens, block_size, reps, max(1, plan.rounds))
+    return _timing(per_round, plan, reps)

@@ -1,0 +1,62 @@
+"""The goals the bench checks on the figures of the same run (printed with a verdict)."""
+
+from __future__ import annotations
+
+from tokcy.bench.report import format_ratio, format_seconds
+from tokcy.bench.scenario import Goal
+
+
+def within_floor(rows: list, key: str, sizes: tuple, factor: float = 3.0) -> list:
+    """One goal per size: tokcy / floor <= factor at ``row.config[key] == size``."""
+    goals = []
+    for size in sizes:
+        matching = [row for row in rows if row.config.get(key) == size]
+        ratios = [row.floor_ratio() for row in matching if row.floor_ratio() is not None]
+        text = f"tokcy within {factor:g}x of the floor at {key} = {size:,}"
+        if not ratios:
+            goals.append(Goal(text, "no floor figure" if matching else "size not run", None))
+        else:
+            worst = max(ratios)
+            goals.append(Goal(text, f"{format_ratio(worst)} the floor", worst <= factor))
+    return goals
+
+
+def fixed_cost(rows: list, key: str, limit_s: float = 2e-6) -> Goal:
+    """The time of a call with one request (``row.config[key] == 1``) under ``limit_s``."""
+    text = f"fixed cost per call under {format_seconds(limit_s)} (the time of a call with {key} = 1)"
+    matching = [row.values.get("tokcy") for row in rows if row.config.get(key) == 1 and row.values.get("tokcy")]
+    if not matching:
+        return Goal(text, f"{key} = 1 not run", None)
+    return Goal(text, format_seconds(max(matching)), max(matching) < limit_s)
+
+
+def twin_not_slower(rows: list, baseline: str = "after") -> Goal:
+    """The pure twin no slower than the per-request Python ``baseline`` on any row."""
+    text = f"the pure twin no slower than '{baseline}' on any row"
+    pairs = [(row.values.get("tokcy"), row.values.get(baseline)) for row in rows]
+    pairs = [(mine, theirs) for mine, theirs in pairs if mine and theirs]
+    if not pairs:
+        return Goal(text, "not run", None)
+    worst = max(mine / theirs for mine, theirs in pairs)
+    slower = sum(mine > theirs for mine, theirs in pairs)
+    return Goal(text, f"{slower} of {len(pairs)} rows slower; worst twin/{baseline} = {worst:.2f}", slower == 0)
+
+
+def speedup_at_least(rows: list, baseline: str, factor: float, where=None, where_text: str = "every row") -> Goal:
+    """tokcy at least ``factor`` times faster than ``baseline`` on the rows ``where`` selects."""
+    text = f"tokcy >= {factor:g}x faster than '{baseline}' at {where_text}"
+    ratios = [row.ratios().get(baseline) for row in rows if where is None or where(row.config)]
+    ratios = [ratio for ratio in ratios if ratio]
+    if not ratios:
+        return Goal(text, "not run", None)
+    return Goal(text, f"lowest {format_ratio(min(ratios))}", min(ratios) >= factor)
+
+
+def flat(rows: list, small, large, factor: float, text: str, name: str = "tokcy") -> Goal:
+    """``name`` at the row ``large`` selects within ``factor`` of the row ``small`` selects."""
+    low = [row.values.get(name) for row in rows if small(row.config)]
+    high = [row.values.get(name) for row in rows if large(row.config)]
+    if not (low and high and low[0] and high[0]):
+        return Goal(text, "not run", None)
+    ratio = high[0] / low[0]
+    return Goal(text, f"{ratio:.2f}x", ratio <= factor)
