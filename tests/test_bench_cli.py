@@ -146,3 +146,10 @@ def test_bench_without_the_floor_says_so(backend, capsys, monkeypatch):
     body = [line for line in out.splitlines() if line.startswith(("1 ", "16 "))]
     # columns: B, tokcy, after, numpy, floor, two speed-ups, tokcy/floor
     assert len(body) == 2 and all(line.split()[7] == "-" and line.split()[-1] == "-" for line in body)
+
+
+def test_plot_time_unit_keeps_ticks_readable():
+    assert report.time_unit([5e-6, 1.4]) == ("µs", 1e-6)
+    assert report.time_unit([50e-9, 3e-6]) == ("ns", 1e-9)
+    assert report.time_unit([2e-3, 0.5]) == ("ms", 1e-3)
+    assert report._tick(1_000_000.0) == "1,000,000" and report._tick(0.5) == "0.5"

@@ -64,6 +64,6 @@ def test_bad_sizes_are_refused():
 def test_timing_wraps_the_rounds():
     from tokcy.bench.timing import Plan
 
-    timing = floor.report(Plan(rounds=3), 8, 64, 32)
-    assert timing.rounds == len(timing.round_medians) == 3 and timing.number == timing.per_round >= 1
+    timing = floor.report(Plan(rounds=3, per_round=4), 8, 64, 32)
+    assert timing.rounds == len(timing.round_medians) == 3 and timing.per_round == 4 and timing.number >= 1
     assert min(timing.round_medians) <= timing.median <= max(timing.round_medians)

@@ -30,5 +30,17 @@ def use_backend(name):
     return module
 
 
-def tokens(n, seed=0):
-    return np.random.default_rng(seed).integers(0, VOCAB, n, dtype=np.int32)
+def tokens(n, rng_seed=0):
+    return np.random.default_rng(rng_seed).integers(0, VOCAB, n, dtype=np.int32)
+
+
+class NeedsFloor:
+    """Mixin: skip (NotImplementedError) when the bench's floor extension is not built."""
+
+    timeout = 300
+
+    def setup(self, *params):
+        from tokcy.bench import floor
+
+        if not floor.available():
+            raise NotImplementedError(floor.describe())

@@ -27,7 +27,7 @@ def _batch(backend, n):
         module = backend_module(backend)
         requests, lists = [], []
         for i in range(BATCH):
-            ids = tokens(n, seed=i)
+            ids = tokens(n, rng_seed=i)
             requests.append(module.Request(i, ids))
             lists.append(baselines.ListTokens(ids))
         _requests[key] = (requests, lists)

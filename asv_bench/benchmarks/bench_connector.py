@@ -25,13 +25,13 @@ from tokcy.bench import floor
 from tokcy.bench.connector import BLOCK, DecodeWorld, read_request_data
 from tokcy.bench.timing import Plan
 
-from ._common import BACKENDS, backend_module
+from ._common import BACKENDS, NeedsFloor, backend_module
 
 SHAPES = ["16x8192", "16x32768", "64x2048", "64x8192", "256x2048", "256x4096", "8x131072"]
 LENGTHS = [2048, 8192, 32768, 131072]
 BATCHES = [16, 64, 256, 1024, 4096]
 IMPLEMENTATIONS = ["tokcy", "tokcy+RequestData", "before", "after"]
-FLOOR_PLAN = Plan(rounds=5)
+FLOOR_PLAN = Plan(rounds=5, per_round=9)
 
 _WORLDS = {}
 
@@ -109,16 +109,11 @@ class ConnectorBatch(_SteadyDecode):
         self._report()
 
 
-class FloorReport:
+class FloorReport(NeedsFloor):
     """The floor of the report: seconds per call of the same columns in plain C, timed in C."""
 
     params = (BATCHES,)
     param_names = ["requests"]
-    timeout = 300
-
-    def setup(self, num_requests):
-        if not floor.available():
-            raise NotImplementedError(floor.describe())
 
     def track_batch(self, num_requests):
         return floor.report(FLOOR_PLAN, num_requests, 2048, BLOCK).median
@@ -126,14 +121,9 @@ class FloorReport:
     track_batch.unit = "seconds"
 
 
-class FloorReportQuotedRows:
+class FloorReportQuotedRows(NeedsFloor):
     params = (SHAPES,)
     param_names = ["shape"]
-    timeout = 300
-
-    def setup(self, shape):
-        if not floor.available():
-            raise NotImplementedError(floor.describe())
 
     def track_shape(self, shape):
         num_requests, num_tokens = map(int, shape.split("x"))

@@ -17,9 +17,9 @@ from tokcy.bench.executor import check_same, implementations
 from tokcy.bench.timing import Plan
 from tokcy.executor import HostBuffers, prepare_inputs
 
-from ._common import BACKENDS, backend_module
+from ._common import BACKENDS, NeedsFloor, backend_module
 
-FLOOR_PLAN = Plan(rounds=5)
+FLOOR_PLAN = Plan(rounds=5, per_round=9)
 BATCHES = [16, 64, 256, 1024, 4096]
 
 # The batch of the last parameter combination, built and checked once: asv may call
@@ -110,16 +110,11 @@ class PrepareInputsBatch:
         self.step()
 
 
-class FloorPrepare:
+class FloorPrepare(NeedsFloor):
     """The floor of PrepareInputs: the same batch as plain C, seconds per call timed in C."""
 
     params = ([2048, 32768, 131072], [0, 3])
     param_names = ["seq_len", "num_drafts"]
-    timeout = 300
-
-    def setup(self, seq_len, num_drafts):
-        if not floor.available():
-            raise NotImplementedError(floor.describe())
 
     def track_floor(self, seq_len, num_drafts):
         return floor.prepare(FLOOR_PLAN, baselines.NUM_GENERATION, seq_len, num_drafts, baselines.CONTEXT_CHUNK).median
@@ -127,16 +122,11 @@ class FloorPrepare:
     track_floor.unit = "seconds"
 
 
-class FloorPrepareBatch:
+class FloorPrepareBatch(NeedsFloor):
     """The floor of PrepareInputsBatch."""
 
     params = (BATCHES,)
     param_names = ["requests"]
-    timeout = 300
-
-    def setup(self, num_requests):
-        if not floor.available():
-            raise NotImplementedError(floor.describe())
 
     def track_floor(self, num_requests):
         return floor.prepare(FLOOR_PLAN, num_requests, 2048, 0, 0).median

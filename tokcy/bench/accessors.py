@@ -38,15 +38,15 @@ LENGTHS = {
 }
 
 
-def make_tokens(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, VOCAB, n, dtype=np.int32)
+def make_tokens(n: int, rng_seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(rng_seed).integers(0, VOCAB, n, dtype=np.int32)
 
 
-def make_request(backend, n: int, seed: int = 0):
+def make_request(backend, n: int, rng_seed: int = 0):
     """A request whose beam 0 holds n tokens: a 64-token prompt, the rest appended."""
-    tokens = make_tokens(n, seed)
+    tokens = make_tokens(n, rng_seed)
     prompt = min(n, 64)
-    request = backend.Request(seed, tokens[:prompt])
+    request = backend.Request(rng_seed, tokens[:prompt])
     for token in tokens[prompt:].tolist():
         request.add_new_token(token, 0)
     return request, tokens

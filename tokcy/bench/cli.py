@@ -1,4 +1,4 @@
-"""``python -m tokcy bench`` (or ``tokcy bench``): the seeds' scenarios, timed on this machine.
+"""``python -m tokcy bench`` (or ``tokcy bench``): tokcy against the patterns it replaces, timed on this machine.
 
 Prints one table per scenario and backend: each configuration, the median time of each
 implementation (median of round medians, see ``tokcy.bench.timing``) with its spread over
@@ -34,14 +34,14 @@ def load_scenario(name: str):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tokcy bench",
-        description="Time tokcy against the patterns it replaces (the seeds' 'before' and 'after' code, "
+        description="Time tokcy against the patterns it replaces (TensorRT-LLM's 'before' and 'after' code of pull requests #16791 and #22092, "
         "a numpy-vectorised baseline, Python lists) on this machine, and print one table per scenario.",
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="level", action="store_const", const="quick",
-                      help="fewer sizes, 3 rounds of 5 iterations: about 30 s (what CI runs)")
+                      help="fewer sizes, 3 rounds of 5 iterations: about 15 s (what CI runs)")
     size.add_argument("--full", dest="level", action="store_const", const="full",
-                      help="more sizes, the seed's full plan (10 warm-up, 9 rounds x 15) with no time cap: about 10 minutes "
+                      help="more sizes, the full plan (10 warm-up, 9 rounds x 15) with no time cap: about 10 minutes "
                       "(the 'before' pattern at 131,072 tokens takes about a second per iteration)")
     size.add_argument("--smoke", dest="level", action="store_const", const="smoke", help=argparse.SUPPRESS)
     p.set_defaults(level="default")

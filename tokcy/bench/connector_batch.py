@@ -11,22 +11,15 @@ from __future__ import annotations
 
 from tokcy.bench import goals
 from tokcy.bench.connector import QUOTED_TITLE, request_data_goal, run_row
-from tokcy.bench.scenario import Scenario
+from tokcy.bench.scenario import GOAL_BATCH_SIZES, BatchSweep
 
 TOKENS = 2_048
-BATCHES = {
-    "smoke": (1, 16),
-    "quick": (1, 256, 1_024, 4_096),
-    "default": (1, 16, 64, 256, 1_024, 4_096),
-    "full": (1, 16, 64, 256, 1_024, 4_096),
-}
-GOAL_BATCHES = (256, 1_024, 4_096)
 
 
-class ConnectorBatch(Scenario):
+class ConnectorBatch(BatchSweep):
     name = "connector_batch"
     title = f"Connector: scheduler output for B requests of {TOKENS:,} tokens in steady decode, per iteration"
-    columns = (("requests", "B (requests)"),)
+    fixed = {"tokens": TOKENS}
     implementations = ("tokcy", "tokcy+RequestData", "after", "floor")
     needs = ("tokcy.connector", "tokcy._baselines.connector")
     legend = (
@@ -34,14 +27,7 @@ class ConnectorBatch(Scenario):
         "new_block_ids read; after: TensorRT-LLM pull request #22092's loop; floor: the same columns as plain C",
     )
     quoted_title = QUOTED_TITLE
-    plot_x = "requests"
     plot_xlabel = f"batch size B (requests of {TOKENS:,} tokens)"
-
-    def configs(self, level):
-        return [{"requests": batch, "tokens": TOKENS} for batch in BATCHES[level]]
-
-    def describe(self, config):
-        return f"B={config['requests']:,}"
 
     def run(self, config, backend, plan):
         return run_row(config, backend, plan, ["tokcy", "tokcy+RequestData", "after"])
@@ -49,7 +35,7 @@ class ConnectorBatch(Scenario):
     def goals(self, rows, backend):
         if backend == "python":
             return [goals.twin_not_slower(rows)]
-        return (goals.within_floor(rows, "requests", GOAL_BATCHES) + [goals.fixed_cost(rows, "requests")]
+        return (goals.within_floor(rows, "requests", GOAL_BATCH_SIZES) + [goals.fixed_cost(rows, "requests")]
                 + [request_data_goal(rows)])
 
 

@@ -11,36 +11,21 @@ from __future__ import annotations
 
 from tokcy.bench import goals
 from tokcy.bench.executor import run_row
-from tokcy.bench.scenario import Scenario
+from tokcy.bench.scenario import GOAL_BATCH_SIZES, BatchSweep
 
 SEQ_LEN = 2_048
-BATCHES = {
-    "smoke": (1, 16),
-    "quick": (1, 256, 1_024, 4_096),
-    "default": (1, 16, 64, 256, 1_024, 4_096),
-    "full": (1, 16, 64, 256, 1_024, 4_096),
-}
-GOAL_BATCHES = (256, 1_024, 4_096)
 
 
-class ExecutorBatch(Scenario):
+class ExecutorBatch(BatchSweep):
     name = "executor_batch"
     title = f"Executor: prepare_inputs for B generation requests of {SEQ_LEN:,} tokens (decode step), per iteration"
-    columns = (("requests", "B (requests)"),)
     implementations = ("tokcy", "after", "numpy", "floor")
     needs = ("tokcy.executor", "tokcy._baselines.executor")
     legend = (
         "tokcy: prepare_inputs into preallocated HostBuffers; after: the per-request Python loop of TensorRT-LLM "
         "pull request #16791; numpy: vLLM-style gather; floor: the same rows as plain C, timed in C",
     )
-    plot_x = "requests"
     plot_xlabel = f"batch size B (requests of {SEQ_LEN:,} tokens)"
-
-    def configs(self, level):
-        return [{"requests": batch} for batch in BATCHES[level]]
-
-    def describe(self, config):
-        return f"B={config['requests']:,}"
 
     def run(self, config, backend, plan):
         return run_row(config, backend, plan, ("after", "numpy"), config["requests"], SEQ_LEN, 0, 0)
@@ -48,7 +33,7 @@ class ExecutorBatch(Scenario):
     def goals(self, rows, backend):
         if backend == "python":
             return [goals.twin_not_slower(rows)]
-        return goals.within_floor(rows, "requests", GOAL_BATCHES) + [goals.fixed_cost(rows, "requests")]
+        return goals.within_floor(rows, "requests", GOAL_BATCH_SIZES) + [goals.fixed_cost(rows, "requests")]
 
 
 SCENARIO = ExecutorBatch()

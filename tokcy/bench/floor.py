@@ -3,7 +3,9 @@
 ``tokcy.bench._floor`` (compiled from ``tokcy/bench/_floor.c`` with the package, optional)
 builds the batch of a configuration in C (every request its own heap object and token
 storage, allocated in a shuffled order) and times the loop with ``clock_gettime`` around
-many repetitions, so no Python is counted. It writes the arrays tokcy writes, same dtypes
+many repetitions, so no Python is counted. The samples (each about 50 us of calls) are
+summarised like every other figure of the bench: rounds of ``per_round`` samples, the
+median of the round medians. It writes the arrays tokcy writes, same dtypes
 and bytes. What it leaves out is what tokcy adds: validation, Python objects, the hash
 lookup of a request's state (the floor keeps that state by batch position).
 Without the helper the bench runs and says so; the column shows "-".
@@ -35,30 +37,38 @@ def describe() -> str:
     return "floor:   the same work as plain C over C arrays, timed in C (tokcy.bench._floor)"
 
 
-def _repetitions(plan, estimate_s: float) -> int:
-    """Repetitions per round so that a round lasts about 0.5 ms (0.1 ms in a quick plan)."""
-    target = 1e-4 if plan.budget_s is not None and plan.budget_s < 0.1 else 5e-4
-    return max(1, min(200_000, int(target / max(estimate_s, 1e-9))))
+def _repetitions(estimate_s: float) -> int:
+    """Calls per sample so that one sample lasts about 50 us (longer than the clock's
+    resolution, short enough that a preemption spoils few samples)."""
+    return max(1, min(200_000, int(50e-6 / max(estimate_s, 1e-9))))
 
 
-def _timing(per_round: list, plan, reps: int) -> Timing:
-    return Timing(median=statistics.median(per_round), round_medians=list(per_round), rounds=len(per_round),
-                  per_round=reps, warmup=1, number=reps)
+def _samples(plan) -> int:
+    return max(1, plan.rounds) * max(1, plan.per_round)
+
+
+def _timing(samples: list, plan, reps: int) -> Timing:
+    """The bench's method on the C-timed samples: rounds of ``per_round`` samples, the
+    median of each round, the median of the round medians."""
+    size = max(1, plan.per_round)
+    medians = [statistics.median(samples[start : start + size]) for start in range(0, len(samples), size)]
+    return Timing(median=statistics.median(medians), round_medians=medians, rounds=len(medians),
+                  per_round=size, warmup=1, number=reps)
 
 
 def prepare(plan, num_generation: int, seq_len: int, num_drafts: int, chunk: int) -> Timing | None:
     """prepare_inputs' rows for one context chunk (chunk > 0) and num_generation requests."""
     if _floor is None:
         return None
-    reps = _repetitions(plan, 8e-9 * (num_generation * (1 + num_drafts)) + 0.5e-9 * chunk + 50e-9)
-    per_round, _ = _floor.prepare(num_generation, seq_len, num_drafts, chunk, reps, max(1, plan.rounds))
-    return _timing(per_round, plan, reps)
+    reps = _repetitions(8e-9 * (num_generation * (1 + num_drafts)) + 0.5e-9 * chunk + 50e-9)
+    samples, _ = _floor.prepare(num_generation, seq_len, num_drafts, chunk, reps, _samples(plan))
+    return _timing(samples, plan, reps)
 
 
 def report(plan, num_requests: int, num_tokens: int, block_size: int) -> Timing | None:
     """build_scheduler_output's columns in steady decode (one new token per request)."""
     if _floor is None:
         return None
-    reps = _repetitions(plan, 2 * 10e-9 * num_requests + 100e-9)  # each repetition also runs the untimed step
-    per_round, _ = _floor.report(num_requests, num_tokens, block_size, reps, max(1, plan.rounds))
-    return _timing(per_round, plan, reps)
+    reps = _repetitions(2 * 10e-9 * num_requests + 100e-9)  # each repetition also runs the untimed step
+    samples, _ = _floor.report(num_requests, num_tokens, block_size, reps, _samples(plan))
+    return _timing(samples, plan, reps)

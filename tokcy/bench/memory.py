@@ -30,9 +30,9 @@ SIZES = {
 }
 
 
-def grown_tokens(num_requests: int, num_tokens: int, seed: int = 0) -> np.ndarray:
+def grown_tokens(num_requests: int, num_tokens: int, rng_seed: int = 0) -> np.ndarray:
     """Token ids, shape [num_tokens, num_requests]: row i is every request's token i."""
-    return np.random.default_rng(seed).integers(0, VOCAB, (num_tokens, num_requests), dtype=np.int32)
+    return np.random.default_rng(rng_seed).integers(0, VOCAB, (num_tokens, num_requests), dtype=np.int32)
 
 
 def grow(make, tokens: np.ndarray) -> list:
@@ -46,9 +46,9 @@ def grow(make, tokens: np.ndarray) -> list:
     return requests
 
 
-def bytes_per_token(make, num_requests: int, num_tokens: int, seed: int = 0) -> tuple:
+def bytes_per_token(make, num_requests: int, num_tokens: int, rng_seed: int = 0) -> tuple:
     """(retained, peak) bytes per token that tracemalloc counts for the grown requests."""
-    tokens = grown_tokens(num_requests, num_tokens, seed)
+    tokens = grown_tokens(num_requests, num_tokens, rng_seed)
     gc.collect()
     was_tracing = tracemalloc.is_tracing()
     if not was_tracing:

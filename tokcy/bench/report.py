@@ -175,12 +175,17 @@ LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 
 
 def time_unit(values) -> tuple:
-    """(label, scale) for a time axis: ns, us or ms, whichever keeps the numbers readable."""
-    largest = max(values, default=0.0)
-    for label, scale in (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3)):
-        if largest < 1000 * scale:
+    """(label, scale) for a time axis: ns, µs, ms or s, the largest unit in which the
+    smallest value is still at least 1 (so no tick reads 1e-05)."""
+    smallest = min((value for value in values if value > 0), default=1.0)
+    for label, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if smallest >= scale:
             return label, scale
-    return "s", 1.0
+    return "ns", 1e-9
+
+
+def _tick(value, _position=None) -> str:
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
 
 
 def plot(path: str, machine: dict, results: list) -> None:
@@ -217,7 +222,7 @@ def plot(path: str, machine: dict, results: list) -> None:
                     markersize=6 if tokcy_line else 5, label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_major_formatter(FuncFormatter(_tick))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
         ax.set_xlabel(scenario.plot_xlabel)
         ax.set_ylabel(scenario.plot_ylabel.replace("(s)", f"({unit})"))

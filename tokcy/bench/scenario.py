@@ -14,7 +14,7 @@ class Row:
     config: dict
     values: dict  # implementation -> median (lower is better)
     timings: dict = field(default_factory=dict)  # implementation -> Timing.as_dict(), when timed
-    reference: dict = field(default_factory=dict)  # label -> figure quoted from a seed, same unit
+    reference: dict = field(default_factory=dict)  # label -> figure quoted from elsewhere, same unit
     note: str = ""
 
     def ratios(self, tokcy_name: str = "tokcy") -> dict:
@@ -115,3 +115,28 @@ class Scenario:
             if points:
                 series.append((name, [x for x, _ in points], [y for _, y in points]))
         return series
+
+
+# The batch sizes of the batch sweeps (executor_batch, connector_batch) per level, and the
+# sizes their goals are checked at.
+BATCH_SIZES = {
+    "smoke": (1, 16),
+    "quick": (1, 256, 1_024, 4_096),
+    "default": (1, 16, 64, 256, 1_024, 4_096),
+    "full": (1, 16, 64, 256, 1_024, 4_096),
+}
+GOAL_BATCH_SIZES = (256, 1_024, 4_096)
+
+
+class BatchSweep(Scenario):
+    """A scenario whose rows are batch sizes B (``config["requests"]``) at a fixed length."""
+
+    columns = (("requests", "B (requests)"),)
+    plot_x = "requests"
+    fixed: dict = {}  # the other configuration keys, the same on every row
+
+    def configs(self, level):
+        return [{"requests": batch, **self.fixed} for batch in BATCH_SIZES[level]]
+
+    def describe(self, config):
+        return f"B={config['requests']:,}"

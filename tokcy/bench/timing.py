@@ -1,6 +1,6 @@
 """How every figure of ``python -m tokcy bench`` is timed.
 
-The method is the one the seeds used: a warm-up, then ``rounds`` rounds of ``per_round``
+The method: a warm-up, then ``rounds`` rounds of ``per_round``
 timed iterations each; a round's figure is the median of its iterations and the reported
 figure is the median of the round medians. An *iteration* is one call of the measured
 step (one engine iteration: one ``prepare_inputs``, one scheduler output) or, for steps
@@ -28,7 +28,7 @@ class Plan:
     warmup: int = 10
     rounds: int = 9
     per_round: int = 15
-    budget_s: float | None = None  # cap on one measurement's timed part (None: the seed's plan as is)
+    budget_s: float | None = None  # cap on one measurement's timed part (None: the plan as is)
     min_rounds: int = 3
     min_sample_s: float = 20e-6  # a sample of `number` calls lasts at least this long
 
@@ -45,7 +45,7 @@ class Plan:
         return replace(self, rounds=rounds, per_round=per_round, warmup=warmup)
 
 
-# The seed's plan ("10 warmup iterations, then nine rounds of 15 iterations, median of the
+# The upstream benchmarks' plan ("10 warmup iterations, then nine rounds of 15 iterations, median of the
 # round medians"), capped per measurement so that the default run stays under two minutes.
 PLANS = {
     "quick": Plan(warmup=2, rounds=3, per_round=5, budget_s=0.05, min_rounds=3),
