@@ -48,6 +48,8 @@ static uint64_t next_random(void) {
     return rng_state;
 }
 
+static void free_requests(FloorRequest **requests, Py_ssize_t count, void **spacers);
+
 /* B requests allocated in a shuffled order, with a spacer allocation between them. */
 static FloorRequest **make_requests(Py_ssize_t count, int64_t capacity, int64_t block_capacity, void ***spacers) {
     FloorRequest **requests = calloc((size_t)count, sizeof(FloorRequest *));
@@ -76,7 +78,9 @@ static FloorRequest **make_requests(Py_ssize_t count, int64_t capacity, int64_t 
     return requests;
 fail:
     free(order);
-    return NULL;  /* the caller frees what was made */
+    free_requests(requests, requests ? count : 0, *spacers);
+    *spacers = NULL;
+    return NULL;
 }
 
 static void free_requests(FloorRequest **requests, Py_ssize_t count, void **spacers) {
