@@ -113,3 +113,19 @@ def test_row_slices_equal_plain_slicing(lengths, shape, start):
     rows = _row_slices(flat, offsets)
     assert rows == [flat[offsets[r] : offsets[r + 1]].tolist() for r in range(len(lengths))]
     assert all(type(row) is list for row in rows) and len({id(row) for row in rows}) == len(rows)
+
+
+def test_an_output_and_its_rows_are_freed_without_the_cycle_collector(backend):
+    import gc
+    import weakref
+
+    manager = SchedulerOutputManager()
+    output = manager.build_scheduler_output([backend.Request(1, [1, 2, 3])], [])
+    assert output.requests[0].new_tokens == [1, 2, 3]
+    alive = weakref.ref(output)
+    gc.disable()
+    try:
+        del output
+        assert alive() is None  # freed by reference counting alone
+    finally:
+        gc.enable()

@@ -2,6 +2,7 @@
 
 from itertools import compress, repeat
 from operator import itemgetter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -109,24 +110,21 @@ class SchedulerOutput:
 
 class _Columns:
     """The per-segment columns of one output as Python lists, made on first use: only the
-    fields with one entry per layer group read them."""
+    fields with one entry per layer group read them. Holds the arrays, not the output, so
+    that an output and its rows form no reference cycle."""
 
-    __slots__ = ("_output", "_lists")
+    __slots__ = ("_arrays", "_lists")
 
     def __init__(self, output):
-        self._output = output
+        self._arrays = (output.group_offsets, output.block_offsets, output.block_ids, output.num_replaced_blocks,
+                        output.num_released_blocks)
         self._lists = None
 
     def lists(self):
         """(group_offsets, block_offsets, block_ids, num_replaced_blocks, num_released_blocks)."""
         if self._lists is None:
-            out = self._output
-            self._lists = tuple(
-                column.tolist()
-                for column in (out.group_offsets, out.block_offsets, out.block_ids, out.num_replaced_blocks,
-                               out.num_released_blocks)
-            )
-            self._output = None  # the lists are all it needs from now on
+            self._lists = tuple(column.tolist() for column in self._arrays)
+            self._arrays = None  # the lists are all it needs from now on
         return self._lists
 
 
@@ -149,17 +147,29 @@ class RequestData(tuple):
 
     __slots__ = ()
 
-    request_id = property(itemgetter(0), doc="The request's id.")
-    is_new = property(itemgetter(1), doc="True for the request's first report (or its first after reset / pause).")
-    new_tokens = property(itemgetter(2), doc="Beam-0 tokens not reported yet (all of them for a new request).")
-    new_block_ids = property(itemgetter(3), doc="``new_block_ids_by_group[0]``.")
-    computed_position = property(itemgetter(4), doc="Tokens whose KV is computed before this iteration.")
-    num_scheduled_tokens = property(itemgetter(5), doc="Tokens this iteration feeds for the request.")
-    num_replaced_tokens = property(
-        itemgetter(6), doc="Already-reported tokens at the tail that ``new_tokens`` replaces (0 in the common case)."
-    )
-    _row = property(itemgetter(7))
-    _columns = property(itemgetter(8))
+    if TYPE_CHECKING:  # the fields' types, for type checkers
+        request_id: int
+        is_new: bool
+        new_tokens: list[int]
+        new_block_ids: list[int]
+        computed_position: int
+        num_scheduled_tokens: int
+        num_replaced_tokens: int
+        _row: int
+        _columns: _Columns
+
+    else:  # read-only fields: each a C-level itemgetter, the cheapest attribute Python has
+        request_id = property(itemgetter(0), doc="The request's id.")
+        is_new = property(itemgetter(1), doc="True for the request's first report (or its first after reset / pause).")
+        new_tokens = property(itemgetter(2), doc="Beam-0 tokens not reported yet (all of them for a new request).")
+        new_block_ids = property(itemgetter(3), doc="``new_block_ids_by_group[0]``.")
+        computed_position = property(itemgetter(4), doc="Tokens whose KV is computed before this iteration.")
+        num_scheduled_tokens = property(itemgetter(5), doc="Tokens this iteration feeds for the request.")
+        num_replaced_tokens = property(
+            itemgetter(6), doc="Already-reported tokens at the tail that ``new_tokens`` replaces (0 in the common case)."
+        )
+        _row = property(itemgetter(7))
+        _columns = property(itemgetter(8))
 
     def _segments(self):
         offsets = self._columns.lists()[0]
@@ -210,7 +220,7 @@ class RequestData(tuple):
         equal = self.__eq__(other)
         return equal if equal is NotImplemented else not equal
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self):
         fields = ", ".join(f"{key}={value!r}" for key, value in self.as_dict().items())
