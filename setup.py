@@ -106,4 +106,7 @@ class BuildExtWithFloor(OptionalBuildExt):
                   "'tokcy bench' runs without its floor column.", file=sys.stderr)
 
 
-setup(ext_modules=_extensions() + ([] if NO_EXTENSIONS else _floor_extension()), cmdclass={"build_ext": BuildExtWithFloor})
+setup(
+    ext_modules=_extensions() + ([] if NO_EXTENSIONS else _floor_extension()),
+    cmdclass={"build_ext": BuildExtWithFloor},
+)

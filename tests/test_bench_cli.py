@@ -132,7 +132,8 @@ def test_table_shows_spread_floor_ratio_quoted_section_and_verdicts():
 
 def test_goal_summary_counts_verdicts():
     scenario = cli.load_scenario("executor_batch")
-    rows = [Row(config={"requests": size}, values={"tokcy": 2e-6 * size, "after": 1e-5 * size, "numpy": 1, "floor": 1e-6 * size})
+    rows = [Row(config={"requests": size},
+                values={"tokcy": 2e-6 * size, "after": 1e-5 * size, "numpy": 1, "floor": 1e-6 * size})
             for size in (1, 256, 1024, 4096)]
     assert report.goal_summary([(scenario, "cython", rows)]) == "goals: 3 PASS, 1 FAIL (each under its table)"
 

@@ -3,7 +3,8 @@
 Each benchmark is one pass over a batch of 32 requests of n tokens (one engine
 iteration reading every scheduled request once), so the figures stay well above the
 clock's resolution. tokcy's accessors are O(1) or O(64) and stay flat in n; the
-``*_by_copy`` baselines (the "before" pattern of TensorRT-LLM pull requests #16791 and #22092: ``get_tokens(0)`` copied whole, then
+``*_by_copy`` baselines (the "before" pattern of TensorRT-LLM pull requests #16791 and
+#22092: ``get_tokens(0)`` copied whole, then
 ``len``, a slice or the last entry) grow with n. ``time_append`` appends one token to each
 request (tokcy) or to a Python list per request (``time_append_list``).
 """

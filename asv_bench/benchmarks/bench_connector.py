@@ -44,7 +44,8 @@ def world_for(backend, num_requests, num_tokens, implementation):
         _WORLDS.clear()
         module = backend_module(backend)
         world = DecodeWorld(module, num_requests, num_tokens, implementation)
-        reference = DecodeWorld(module, num_requests, num_tokens, "after" if implementation.startswith("tokcy") else "tokcy")
+        other = "after" if implementation.startswith("tokcy") else "tokcy"
+        reference = DecodeWorld(module, num_requests, num_tokens, other)
         if world.reports != reference.reports:
             raise AssertionError(f"{implementation} reports differ from {reference.implementation}'s")
         _WORLDS[key] = world

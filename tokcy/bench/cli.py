@@ -34,7 +34,8 @@ def load_scenario(name: str):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tokcy bench",
-        description="Time tokcy against the patterns it replaces (TensorRT-LLM's 'before' and 'after' code of pull requests #16791 and #22092, "
+        description="Time tokcy against the patterns it replaces (TensorRT-LLM's 'before' and 'after' code of "
+        "pull requests #16791 and #22092, "
         "a numpy-vectorised baseline, Python lists) on this machine, and print one table per scenario.",
     )
     size = p.add_mutually_exclusive_group()

@@ -115,12 +115,15 @@ def table(scenario, backend: str, rows: list) -> str:
     if quoted:
         labels = list(dict.fromkeys(label for row in quoted for label in row.reference))
         out.append(f"-- quoted, NOT measured here: {scenario.quoted_title}")
-        lines = _aligned([heading for _, heading in scenario.columns] + labels,
-                         [[format_config(row.config.get(key)) for key, _ in scenario.columns]
-                          + [format_value(row.reference.get(label), scenario.unit) for label in labels] for row in quoted],
-                         len(scenario.columns))
+        cells = [
+            [format_config(row.config.get(key)) for key, _ in scenario.columns]
+            + [format_value(row.reference.get(label), scenario.unit) for label in labels]
+            for row in quoted
+        ]
+        lines = _aligned([heading for _, heading in scenario.columns] + labels, cells, len(scenario.columns))
         out += [f"   {line}" for line in lines]
-    out += [f"   goal {goal.verdict}: {goal.text} (measured: {goal.measured})" for goal in scenario.goals(rows, backend)]
+    goals = scenario.goals(rows, backend)
+    out += [f"   goal {goal.verdict}: {goal.text} (measured: {goal.measured})" for goal in goals]
     return "\n".join(out)
 
 
@@ -130,7 +133,8 @@ def goal_summary(results: list) -> str:
     if not goals:
         return ""
     counts = {verdict: sum(goal.verdict == verdict for goal in goals) for verdict in ("PASS", "FAIL", "not measured")}
-    return "goals: " + ", ".join(f"{count} {verdict}" for verdict, count in counts.items() if count) + " (each under its table)"
+    counted = ", ".join(f"{count} {verdict}" for verdict, count in counts.items() if count)
+    return f"goals: {counted} (each under its table)"
 
 
 def to_json(machine: dict, level: str, results: list, plan=None) -> dict:
@@ -154,6 +158,10 @@ def to_json(machine: dict, level: str, results: list, plan=None) -> dict:
                 "unit": scenario.unit,
                 "implementations": list(scenario.implementations),
                 "rows": [row.as_dict() for row in rows],
+                "goals": [
+                    {"goal": goal.text, "measured": goal.measured, "verdict": goal.verdict}
+                    for goal in scenario.goals(rows, backend)
+                ],
             }
             for scenario, backend, rows in results
         ],
@@ -202,7 +210,8 @@ def plot(path: str, machine: dict, results: list) -> None:
             f"--plot needs matplotlib, which is not installed ({error}); "
             "install it with: pip install 'tokcy[bench]'  (or: pip install matplotlib)"
         ) from error
-    panels = [(s, b, series) for s, b, rows in results if s.plot_x and rows for series in [s.plot_series(rows)] if series]
+    panels = [(s, b, s.plot_series(rows)) for s, b, rows in results if s.plot_x and rows]
+    panels = [(s, b, series) for s, b, series in panels if series]
     if not panels:
         raise PlotUnavailable("nothing to plot: run a scenario that varies the sequence length or the batch size")
     columns = min(2, len(panels))

@@ -166,7 +166,7 @@ class RequestData(tuple):
         computed_position = property(itemgetter(4), doc="Tokens whose KV is computed before this iteration.")
         num_scheduled_tokens = property(itemgetter(5), doc="Tokens this iteration feeds for the request.")
         num_replaced_tokens = property(
-            itemgetter(6), doc="Already-reported tokens at the tail that ``new_tokens`` replaces (0 in the common case)."
+            itemgetter(6), doc="Already-reported tokens at the tail that ``new_tokens`` replaces (usually 0)."
         )
         _row = property(itemgetter(7))
         _columns = property(itemgetter(8))
