@@ -95,6 +95,9 @@ cdef class Int32Buffer:
         return 0
 
     cdef inline void truncate(self, Py_ssize_t size) noexcept:
+        # never grows and never goes negative, whatever a caller computed: the size is
+        # what every copy out of `data` trusts
+        size = 0 if size < 0 else (self.size if size > self.size else size)
         self.size = size
         if size < self.dirty_from:
             self.dirty_from = size

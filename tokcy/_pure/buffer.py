@@ -73,6 +73,7 @@ class Int32Buffer:
             self.storage[begin:end] = value
 
     def truncate(self, size):
+        size = min(max(size, 0), self.size)  # never grows, never negative (as the compiled twin)
         self.size = size
         if size < self.dirty_from:
             self.dirty_from = size
