@@ -81,7 +81,9 @@ def _extensions():
             flags = ["-O1", "-g"] + [flag for flag in flags if flag != "-O3"] + SANITIZER_FLAGS
             link_flags = list(SANITIZER_FLAGS)
         extension = Extension("tokcy._core", ["tokcy/_core.pyx"], extra_compile_args=flags, extra_link_args=link_flags)
-        return cythonize([extension], compiler_directives=DIRECTIVES, force=DEBUG)
+        # forced when the directives (debug) or the code wanted (sanitized release) may differ
+        # from a generated _core.c left by an earlier build
+        return cythonize([extension], compiler_directives=DIRECTIVES, force=DEBUG or SANITIZE)
     except Exception as error:
         if REQUIRE_EXTENSIONS:
             raise

@@ -169,6 +169,7 @@ def test_4_a_blank_request_reported_is_not_never_reported(backend):
         ("beam_width", "beam_width 2147483648 exceeds the maximum of 1024"),
         ("num_layer_groups", "num_layer_groups 2147483648 exceeds the maximum of 1024"),
     ],
+    ids=["beam_width", "num_layer_groups"],
 )
 def test_5_sizes_have_an_upper_bound(backend, keyword, message):
     with pytest.raises(ValueError, match=message):
@@ -217,7 +218,7 @@ def crafted_request(backend, **fields):
         ({"num_pauses": -1}, r"num_pauses -1 is outside"),
         ({"max_new_tokens": -1}, r"max_new_tokens -1 is outside"),
     ],
-    ids=lambda value: str(value)[:40] if isinstance(value, dict) else "",
+    ids=lambda value: "-".join(f"{key}={value[key]}"[:24] for key in value).replace(" ", "") if isinstance(value, dict) else "",
 )
 def test_8_to_12_crafted_request_states_are_refused(backend, fields, message):
     crafted = crafted_request(backend, **fields)
@@ -235,6 +236,7 @@ def test_8_to_12_crafted_request_states_are_refused(backend, fields, message):
         ({"prompt_len": 2.0}, "'float' object cannot be interpreted as an integer"),
         ({"dict": [1]}, "dict must be a dict or None, not list"),
     ],
+    ids=["beams-str", "beams-float", "prompt_len-float", "dict-list"],
 )
 def test_crafted_state_of_the_wrong_type_is_a_type_error(backend, fields, message):
     with pytest.raises(TypeError, match=message):
