@@ -44,11 +44,15 @@ class Crafted:
         return self.reduced
 
 
-def valid_state(backend):
-    request = backend.Request(7, [1, 2, 3, 4, 5], beam_width=2, num_layer_groups=2)
+def valid_request(cls):
+    request = cls(7, [1, 2, 3, 4, 5], beam_width=2, num_layer_groups=2)
     request.block_tables[0].extend([3, 4, 5])
     request.block_tables[0].release_front(1)
-    return request.__reduce__()[1][1]
+    return request
+
+
+def valid_state(backend):
+    return valid_request(backend.Request).__reduce__()[1][1]
 
 
 # ----------------------------------------------------------------- through the public API
@@ -179,9 +183,9 @@ def test_5_sizes_have_an_upper_bound(backend, keyword, message):
 
 # ----------------------------------------------------------- through restored or crafted state
 def test_7_a_negative_released_count_is_refused_on_restore(backend):
-    crafted = pickle.dumps(Crafted(_pickle.restore_block_table, None, [1, 2], -3))
-    with pytest.raises(ValueError, match=r"num_released -3 is outside \[0, 2\]"):
-        pickle.loads(crafted)
+    crafted = pickle.dumps(Crafted(_pickle.restore_block_table, None, [1, 2], -4096))
+    with pytest.raises(ValueError, match=r"num_released -4096 is outside \[0, 2\]"):
+        pickle.loads(crafted).release_front(1)  # accepted, this would write before the buffer
     table = backend.BlockTable([1, 2])
     with pytest.raises(ValueError, match=r"num_released 3 is outside \[0, 2\]"):
         table._restore([1, 2], 3, 0)
@@ -198,32 +202,58 @@ def crafted_request(backend, **fields):
     return pickle.dumps(Crafted(_pickle.restore_request, None, state))
 
 
+def prefill(request):
+    prepare_inputs([request], [])  # copies the chunk [cursor, cursor + chunk) of beam 0
+
+
+def regenerate(request):
+    request.set_generated_tokens([[1]] * request.beam_width)
+
+
+def rewind_and_grow(request):
+    request.truncate(request.prompt_len)
+    request.add_new_token(1)
+
+
+def report_again(request):
+    """A first report of a valid request with the same id, then the restored one's."""
+    manager = SchedulerOutputManager()
+    manager.build_scheduler_output([valid_request(type(request))], [])
+    manager.build_scheduler_output([request], [])
+
+
+# Each crafted state, and what an attacker does next with it: where the state is refused,
+# the second step never runs; on a build that accepted it, that step is the memory error
+# (a read or write outside the buffer) which the sanitizer build reports.
 @pytest.mark.parametrize(
-    "fields, message",
+    "fields, message, use",
     [
-        ({"prompt_len": 6}, r"prompt_len 6 is outside \[0, 5\]"),  # 8: past the tokens
-        ({"beams": [[1, 2, 3, 4, 5], [1, 2]], "prompt_len": 5}, r"prompt_len 5 is outside \[0, 2\]"),  # 8: a short beam
-        ({"prompt_len": -1}, r"prompt_len -1 is outside \[0, 5\]"),  # 9
-        ({"context_current_position": -2}, r"context_current_position -2 is outside \[0, 5\]"),  # 10
-        ({"context_chunk_size": 6}, r"context_chunk_size 6 is outside \[0, 5\]"),
-        ({"dirty_from": [-4, 0]}, r"dirty_from\[0\] -4 is outside \[0, 5\]"),  # 11
-        ({"dirty_from": [0, 6]}, r"dirty_from\[1\] 6 is outside \[0, 5\]"),
-        ({"block_tables": [([3, 4], 0, -1)]}, r"dirty_from -1 is outside \[0, 2\]"),  # 11: a block table's mark
-        ({"beams": [], "dirty_from": []}, r"beams: 0 beams is outside \[1, 1024\]"),  # 12
-        ({"beams": [[1]] * 1025, "dirty_from": [0] * 1025, "prompt_len": 0}, r"1025 beams is outside \[1, 1024\]"),
-        ({"block_tables": [([], 0)] * 1025}, "1025 layer groups is above 1024"),
-        ({"orig_prompt_len": 5, "prompt_len": 4}, r"orig_prompt_len 5 is outside \[0, 4\]"),
-        ({"seq_slot": 2**31}, r"seq_slot 2147483648 is outside \[0, 2147483647\]"),
-        ({"state": 9}, "state must be a RequestState, got 9"),
-        ({"num_pauses": -1}, r"num_pauses -1 is outside"),
-        ({"max_new_tokens": -1}, r"max_new_tokens -1 is outside"),
+        ({"prompt_len": 6}, r"prompt_len 6 is outside \[0, 5\]", prefill),  # 8: past the tokens
+        ({"prompt_len": 6, "context_chunk_size": 1, "context_current_position": 5}, r"prompt_len 6 is outside", prefill),
+        ({"beams": [[1, 2, 3, 4, 5], [1, 2]], "prompt_len": 5}, r"prompt_len 5 is outside \[0, 2\]", regenerate),
+        ({"prompt_len": -1}, r"prompt_len -1 is outside \[0, 5\]", rewind_and_grow),  # 9
+        ({"context_current_position": -2}, r"context_current_position -2 is outside \[0, 5\]", prefill),  # 10
+        ({"context_chunk_size": 6}, r"context_chunk_size 6 is outside \[0, 5\]", prefill),
+        ({"dirty_from": [-4096, 0]}, r"dirty_from\[0\] -4096 is outside \[0, 5\]", report_again),  # 11
+        ({"dirty_from": [0, 6]}, r"dirty_from\[1\] 6 is outside \[0, 5\]", report_again),
+        ({"block_tables": [([-1, 4, 5], 1, -4096), ([], 0)]}, r"dirty_from -4096 is outside \[0, 3\]", report_again),
+        ({"beams": [], "dirty_from": []}, r"beams: 0 beams is outside \[1, 1024\]", prefill),  # 12
+        ({"beams": [[1]] * 1025, "dirty_from": [0] * 1025, "prompt_len": 0}, r"1025 beams is outside \[1, 1024\]", None),
+        ({"block_tables": [([], 0)] * 1025}, "1025 layer groups is above 1024", None),
+        ({"orig_prompt_len": 5, "prompt_len": 4}, r"orig_prompt_len 5 is outside \[0, 4\]", None),
+        ({"seq_slot": 2**31}, r"seq_slot 2147483648 is outside \[0, 2147483647\]", None),
+        ({"state": 9}, "state must be a RequestState, got 9", None),
+        ({"num_pauses": -1}, r"num_pauses -1 is outside", None),
+        ({"max_new_tokens": -1}, r"max_new_tokens -1 is outside", None),
     ],
     ids=lambda value: "-".join(f"{key}={value[key]}"[:24] for key in value).replace(" ", "") if isinstance(value, dict) else "",
 )
-def test_8_to_12_crafted_request_states_are_refused(backend, fields, message):
+def test_8_to_12_crafted_request_states_are_refused(backend, fields, message, use):
     crafted = crafted_request(backend, **fields)
     with pytest.raises(ValueError, match=message):
-        pickle.loads(crafted)
+        request = pickle.loads(crafted)
+        if use is not None:
+            use(request)
     with pytest.raises(ValueError, match=message):
         backend.Request._from_state(dict(valid_state(backend), **fields))
 
@@ -323,3 +353,34 @@ def test_setitem_rechecks_the_position_after_converting_the_block_id(backend):
     with pytest.raises(IndexError, match="block table index 2 is out of range for 1 blocks"):
         table[2] = Shrinking()
     assert table.tolist() == [1]
+
+
+def test_2_a_second_thread_is_refused_while_the_first_consumes_its_generator(backend):
+    """Thread A's prepare is inside its busy guard while it consumes a generator that
+    blocks; thread B's prepare on the same buffers is refused, and A's result is exact."""
+    import threading
+
+    buffers = HostBuffers(64, 8)
+    first = [backend.Request(i, [i, i + 1]) for i in range(2)]
+    other = backend.Request(9, [5, 6, 7])
+    for request in first + [other]:
+        request.state = RequestState.GENERATION_IN_PROGRESS
+    inside, release, results = threading.Event(), threading.Event(), {}
+
+    def blocking_generator():
+        yield first[0]
+        inside.set()
+        release.wait(10)
+        yield first[1]
+
+    def thread_a():
+        results["a"] = prepare_inputs([], blocking_generator(), out=buffers).input_ids.tolist()
+
+    worker = threading.Thread(target=thread_a)
+    worker.start()
+    assert inside.wait(10)
+    with pytest.raises(RuntimeError, match="in use by another thread"):
+        prepare_inputs([], [other], out=buffers)
+    release.set()
+    worker.join()
+    assert results["a"] == [1, 2]

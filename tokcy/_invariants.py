@@ -60,6 +60,13 @@ def check_num_layer_groups(value):
     return number
 
 
+def check_prompt(tokens):
+    """A new request's validated prompt array: at most MAX_TOKENS tokens."""
+    if len(tokens) > MAX_TOKENS:
+        raise ValueError(f"prompt holds {len(tokens)} tokens, above {MAX_TOKENS}")
+    return tokens
+
+
 def check_change_mark(name, mark, size):
     """A restored change mark (lowest position changed since the connector's last read):
     an int in [0, size]. The one place a restored mark is validated."""

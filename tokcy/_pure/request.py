@@ -181,7 +181,7 @@ class Request:
 
     def __init__(self, request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1):
         request_id = as_index(request_id, "request_id")
-        tokens = as_int32_array(prompt, "prompt")
+        tokens = _invariants.check_prompt(as_int32_array(prompt, "prompt"))
         beam_width = _invariants.check_beam_width(beam_width)
         if max_new_tokens is not None:
             max_new_tokens = as_index(max_new_tokens, "max_new_tokens")
