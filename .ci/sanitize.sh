@@ -4,8 +4,8 @@
 #   .ci/sanitize.sh                   rebuild in place with TOKCY_SANITIZE=1, run the suite
 #   .ci/sanitize.sh tests/test_x.py   the same, only those tests
 #   TOKCY_SANITIZE_NO_BUILD=1 ...     run against the sanitizer build already in place
-# PYTHON picks the interpreter (default: python). gcc's libasan is preloaded, because the
-# interpreter itself is not instrumented. Leave a normal build behind with
+# PYTHON picks the interpreter (default: python). gcc's libasan (and libstdc++) are preloaded,
+# because the interpreter itself is not instrumented. Leave a normal build behind with
 #   python setup.py build_ext --inplace --force
 set -euo pipefail
 PYTHON=${PYTHON:-python}
@@ -16,12 +16,15 @@ if [ "${TOKCY_SANITIZE_NO_BUILD:-0}" = 0 ]; then
 fi
 LIBASAN=$(gcc -print-file-name=libasan.so)
 [ -e "$LIBASAN" ] || { echo "sanitize: gcc has no libasan.so ($LIBASAN)"; exit 1; }
+# libstdc++ too: ASan intercepts C++ throws only if the C++ runtime is there when it starts
+# (matplotlib's extension throws while it imports)
+LIBSTDCXX=$(gcc -print-file-name=libstdc++.so)
 
 REPORTS=$(mktemp -d)
 status=0
 # detect_leaks=0: CPython's own allocations at exit are not ours to judge; every other
 # report halts the process (halt_on_error, and -fno-sanitize-recover=all in the build).
-LD_PRELOAD="$LIBASAN" \
+LD_PRELOAD="$LIBASAN $LIBSTDCXX" \
 ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:log_path=$REPORTS/asan" \
 UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$REPORTS/ubsan" \
     "$PYTHON" -m pytest -q -x -p no:cacheprovider "$@" || status=$?

@@ -13,11 +13,13 @@
 #   if anything fails); then the output arrays are allocated at their exact sizes; pass 2,
 #   without the GIL, memcpy's the deltas, commits the slots and resets the buffers'
 #   low-water marks. A failing call changes neither the manager nor any request.
-# * Memory safety with the GIL released: pass 2 runs without the GIL when it copies at
-#   least NOGIL_MIN_ENTRIES entries; then the end of pass 1 takes a strong reference (held,
-#   a C array of PyObject*) to every Int32Buffer whose dirty_from a job writes and to every
-#   storage array a job's data pointer reads; pass 2 reads only values planned in pass 1;
-#   the references are dropped after pass 2. A second build / record_matched_tokens /
+# * Memory safety: pass 2 runs without the GIL when it copies at least NOGIL_MIN_ENTRIES
+#   entries, with it otherwise; either way the end of pass 1 re-checks every planned copy
+#   against its buffer and takes a strong reference (held, a C array of PyObject*) to every
+#   Int32Buffer whose dirty_from a job writes and to every storage array a job's data
+#   pointer reads, before the output arrays are allocated (an allocation can run the
+#   garbage collector, hence Python code and other threads); pass 2 reads only values
+#   planned in pass 1; the references are dropped after pass 2. A second build / record_matched_tokens /
 #   reset_request / request_finished on the same state while a build runs raises
 #   RuntimeError (busy) instead of moving slots, rows or segments under the writer.
 #   A request mutated by another thread during a report is the caller's race (the report

@@ -40,24 +40,23 @@ def _bounded(value, name, low, high):
     return number
 
 
+def _count(value, name, maximum):
+    number = as_index(value, name)
+    if number < 1:
+        raise ValueError(f"{name} must be >= 1, got {number}")
+    if number > maximum:
+        raise ValueError(f"{name} {number} exceeds the maximum of {maximum}")
+    return number
+
+
 def check_beam_width(value):
     """``beam_width`` as an int in [1, MAX_BEAM_WIDTH]."""
-    number = as_index(value, "beam_width")
-    if number < 1:
-        raise ValueError(f"beam_width must be >= 1, got {number}")
-    if number > MAX_BEAM_WIDTH:
-        raise ValueError(f"beam_width {number} exceeds the maximum of {MAX_BEAM_WIDTH}")
-    return number
+    return _count(value, "beam_width", MAX_BEAM_WIDTH)
 
 
 def check_num_layer_groups(value):
     """``num_layer_groups`` as an int in [1, MAX_LAYER_GROUPS]."""
-    number = as_index(value, "num_layer_groups")
-    if number < 1:
-        raise ValueError(f"num_layer_groups must be >= 1, got {number}")
-    if number > MAX_LAYER_GROUPS:
-        raise ValueError(f"num_layer_groups {number} exceeds the maximum of {MAX_LAYER_GROUPS}")
-    return number
+    return _count(value, "num_layer_groups", MAX_LAYER_GROUPS)
 
 
 def check_prompt(tokens):

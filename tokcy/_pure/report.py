@@ -214,10 +214,12 @@ class ReportState:
 def _check_spans(rows):
     """The loop-boundary re-check, as in the compiled twin: every planned copy lies
     inside its buffer (numpy would wrap a negative begin instead of failing)."""
-    for request_id, _, _, _, (buffer, _, begin, end, _), _, _, segments in rows:
-        for buffer, begin, end in [(buffer, begin, end)] + [segment[:1] + segment[2:4] for segment in segments]:
-            if begin < 0 or begin > end or end > buffer.size:
-                checks.outside_buffer(request_id, begin, end, buffer.size)
+    for request_id, _, _, _, token_plan, _, _, segments in rows:
+        beam, _, begin, end, _ = token_plan
+        spans = [(beam, begin, end)] + [(buffer, first, last) for buffer, _, first, last, _, _ in segments]
+        for buffer, first, last in spans:
+            if first < 0 or first > last or last > buffer.size:
+                checks.outside_buffer(request_id, first, last, buffer.size)
 
 
 def _concatenate(pieces):
