@@ -295,13 +295,14 @@ def test_12_every_valid_state_round_trips_on_both_backends(both_backends):
 # ------------------------------------------------------------------------------- parity
 def test_13_init_called_again_reinitialises_exactly_as_a_new_request(backend):
     request = backend.Request(1, [1, 2, 3, 4], beam_width=1, max_new_tokens=9)
+    request.add_new_token(5)
+    request.pause(10)  # a pause count, and a prompt longer than the original
     request.state = RequestState.GENERATION_IN_PROGRESS
     request.seq_slot = 3
     request.draft_tokens = [7, 8]
-    request.add_new_token(5)
+    request.context_chunk_size = 2
     request.block_tables[0].extend([1, 2])
     request.block_tables[0].release_front(1)
-    request.pause(10)
     view = request.get_tokens_view(0)
     request.__init__(2, [9, 9], num_layer_groups=2)
     assert observe(request) == observe(backend.Request(2, [9, 9], num_layer_groups=2))
