@@ -16,6 +16,8 @@ from tokcy.bench import backends, machine, report
 from tokcy.bench.timing import PLANS
 
 SCENARIOS = ("accessors", "executor", "connector", "memory")
+
+
 ON_REQUEST = ("soak",)  # run only when named with --scenario
 
 
