@@ -5,6 +5,9 @@ Environment switches (read at build time):
   TOKCY_REQUIRE_EXTENSIONS=1  any failure to cythonize or compile is fatal (CI sets it).
   TOKCY_CYTHON_DEBUG=1        bounds checks, wraparound and initialized checks back on,
                               and the C asserts guarding the nogil loops' writes.
+  TOKCY_SANITIZE=1            compile (and link) the release code with AddressSanitizer and
+                              UndefinedBehaviorSanitizer, any report fatal (gcc/clang; run
+                              Python with the sanitizer runtime preloaded: docs/invariants.md).
 Without either of the first two, a failure (no Cython, no compiler, a Cython error)
 prints a warning and the install goes on with the pure twin.
 """
@@ -23,6 +26,8 @@ def _flag(name):
 NO_EXTENSIONS = _flag("TOKCY_NO_EXTENSIONS")
 REQUIRE_EXTENSIONS = _flag("TOKCY_REQUIRE_EXTENSIONS")
 DEBUG = _flag("TOKCY_CYTHON_DEBUG")
+SANITIZE = _flag("TOKCY_SANITIZE")
+SANITIZER_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 
 DIRECTIVES = {
     "language_level": 3,
@@ -71,8 +76,14 @@ def _extensions():
         flags = [] if os.name == "nt" else ["-O3"]
         if DEBUG and os.name != "nt":
             flags.append("-UNDEBUG")  # keeps the debug_assert() checks of the nogil loops
-        extension = Extension("tokcy._core", ["tokcy/_core.pyx"], extra_compile_args=flags)
-        return cythonize([extension], compiler_directives=DIRECTIVES, force=DEBUG)
+        link_flags = []
+        if SANITIZE:
+            flags = ["-O1", "-g"] + [flag for flag in flags if flag != "-O3"] + SANITIZER_FLAGS
+            link_flags = list(SANITIZER_FLAGS)
+        extension = Extension("tokcy._core", ["tokcy/_core.pyx"], extra_compile_args=flags, extra_link_args=link_flags)
+        # forced when the directives (debug) or the code wanted (sanitized release) may differ
+        # from a generated _core.c left by an earlier build
+        return cythonize([extension], compiler_directives=DIRECTIVES, force=DEBUG or SANITIZE)
     except Exception as error:
         if REQUIRE_EXTENSIONS:
             raise

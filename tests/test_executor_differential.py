@@ -53,7 +53,7 @@ FAULTS = ("state", "empty_chunk", "past_prompt", "slot", "twice", "drafts", "cap
 EXPECTED = {
     "state": ["must be in state"],
     "empty_chunk": ["empty chunk"],
-    "past_prompt": ["runs past its prompt"],
+    "past_prompt": ["empty chunk"],  # such a state is refused on restore: see build_broken
     "slot": ["has no seq_slot"],
     "twice": ["given twice"],
     "drafts": ["above max_draft_len"],
@@ -95,10 +95,13 @@ def build_broken(module, groups):
         if desc.get("breaks") == "empty_chunk":
             request.context_chunk_size = 0
         elif desc.get("breaks") == "past_prompt":
-            # the setters clamp the chunk to the prompt; a restored state need not
+            # the setters clamp the chunk to the prompt, and restoring refuses a chunk past
+            # it (the loop keeps its check as a second line of defence): break it otherwise
             state = request._state_dict()
             state["context_chunk_size"] = len(desc["prompt"])
-            batch["context"][index] = type(request)._from_state(state)
+            with pytest.raises(ValueError, match=r"context_chunk_size 3 is outside \[0, 2\]"):
+                type(request)._from_state(state)
+            request.context_chunk_size = 0
     return batch
 
 

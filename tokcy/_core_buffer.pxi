@@ -50,6 +50,8 @@ cdef class Int32Buffer:
         cdef const int32_t* previous_data
         if start < self.shared_end or new_size > capacity:
             if new_size > capacity:
+                if new_size > INT32_MAX:  # positions and lengths travel as int32
+                    raise ValueError(f"a token buffer holds at most {INT32_MAX} entries")
                 capacity = grown_capacity(capacity, new_size)
             previous = self.storage  # keeps previous_data alive through the copy
             previous_data = self.data
@@ -95,6 +97,9 @@ cdef class Int32Buffer:
         return 0
 
     cdef inline void truncate(self, Py_ssize_t size) noexcept:
+        # never grows and never goes negative, whatever a caller computed: the size is
+        # what every copy out of `data` trusts
+        size = 0 if size < 0 else (self.size if size > self.size else size)
         self.size = size
         if size < self.dirty_from:
             self.dirty_from = size

@@ -148,11 +148,12 @@ cdef void fill_rows(const SeqSpec* specs, Py_ssize_t num_context, Py_ssize_t gen
         seq += 1
 
 
-cdef inline void set_spec(SeqSpec* spec, Request request, Int32Buffer source, Py_ssize_t begin, Py_ssize_t ncopy,
-                          Py_ssize_t seq_len, Py_ssize_t pos0, int gather, int kind) noexcept:
+cdef inline int set_spec(SeqSpec* spec, Request request, Int32Buffer source, Py_ssize_t begin, Py_ssize_t ncopy,
+                         Py_ssize_t seq_len, Py_ssize_t pos0, int gather, int kind) except -1:
     """Describe one sequence; holds a reference to each storage it points into until
     _release(), so the pointers stay valid while pass 2 runs without the GIL."""
     cdef Int32Buffer drafts = request._draft_tokens
+    check_copy(request, source, begin, ncopy)
     if source is None:
         spec.src = NULL
         spec.src_owner = NULL
@@ -177,6 +178,15 @@ cdef inline void set_spec(SeqSpec* spec, Request request, Int32Buffer source, Py
     spec.slot = <int32_t>request._seq_slot if kind == KIND_DEVICE else -1
     spec.gather = gather
     spec.kind = kind
+
+
+cdef inline int check_copy(Request request, Int32Buffer source, Py_ssize_t begin, Py_ssize_t ncopy) except -1:
+    """The loop-boundary re-check: the copy stays inside what the buffer holds, whatever
+    state the request is in (cheap: a few compares per sequence)."""
+    if source is not None and (begin < 0 or ncopy < 0 or begin > source.size - ncopy
+                               or source.size > source.capacity):
+        _checks.outside_buffer(request._request_id, begin, ncopy, source.size)
+    return 0
 
 
 @cython.final
@@ -323,8 +333,6 @@ cdef class InputWriter:
         cdef SeqSpec* spec
         cdef Py_ssize_t index, beam, n, start, chunk, k, num_sequences, best, size
         cdef object item
-        if self._busy:
-            _checks.busy()
         self._release()
         if max_draft_len < 0:
             _checks.negative_limit("max_draft_len", max_draft_len)
@@ -334,6 +342,7 @@ cdef class InputWriter:
         generations = generation_requests if type(generation_requests) in (list, tuple) else tuple(generation_requests)
         first_drafts = first_draft_requests if type(first_draft_requests) in (list, tuple) else tuple(first_draft_requests)
         devices = device_token_requests if type(device_token_requests) in (list, tuple) else tuple(device_token_requests)
+        batch_sizes = _checks.owned_batch_sizes(cuda_graph_batch_sizes)
         self._reset_hash(len(contexts) + len(generations) + len(first_drafts) + len(devices))
         self._grow(len(contexts) + len(generations) + len(first_drafts) + len(devices))
         self._num_context_tokens = 0
@@ -462,16 +471,16 @@ cdef class InputWriter:
             # padding up to a CUDA-graph batch size (decode-only batches)
             num_sequences = self._num_specs
             self._num_padding = 0
-            if cuda_graph_batch_sizes is not None and self._num_context == 0 and len(first_drafts) == 0:
+            if batch_sizes is not None and self._num_context == 0 and len(first_drafts) == 0:
                 best = -1
-                for item in cuda_graph_batch_sizes:
+                for item in batch_sizes:
                     size = item
-                    if size < 1:
+                    if size < 1 or size > INT32_MAX:
                         _checks.bad_batch_size(size)
                     if size >= num_sequences and (best < 0 or size < best):
                         best = size
                 if best < 0:
-                    _checks.no_padding_size(num_sequences, cuda_graph_batch_sizes)
+                    _checks.no_padding_size(num_sequences, batch_sizes)
                 self._num_padding = best - num_sequences
         except BaseException:
             self._release()
@@ -486,16 +495,18 @@ cdef class InputWriter:
              Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width):
         """Pass 1: validate the batch and return the sizes it needs: (token rows, gathered
         rows, sequences incl. padding, draft tokens, draft requests, device-token rows)."""
-        self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                   max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+        self._enter()
+        try:
+            self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                       max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+        finally:
+            self._busy = False
         return (self._num_tokens, self._num_gather, self._num_specs + self._num_padding,
                 self._num_draft_tokens, self._num_draft_requests, self._num_device)
 
     # ------------------------------------------------------------------ pass 2
     cdef tuple _write(self):
         cdef Py_ssize_t padded, num_sequences
-        if self._busy:
-            _checks.busy()
         if not self._planned:
             _checks.not_planned()
         if self._arrays is None:
@@ -515,12 +526,10 @@ cdef class InputWriter:
                 _checks.over_capacity("draft requests", self._num_draft_requests, self._cap_draft_requests)
             if self._num_device > self._cap_device:
                 _checks.over_capacity("device-token rows", self._num_device, self._cap_device)
-            self._busy = True
             with nogil:
                 fill_rows(self._specs, self._num_context, self._generation_end, self._first_draft_end,
                           self._num_specs, self._num_padding, &self._out)
         finally:
-            self._busy = False
             num_sequences = self._num_specs
             self._release()
         return (
@@ -542,11 +551,27 @@ cdef class InputWriter:
         (context requests, context tokens, generation tokens, tokens, sequences, padded
         batch, device-token row start, gathered rows, draft tokens, draft requests,
         device-token rows). ValueError, before anything is written, if it does not fit."""
-        return self._write()
+        self._enter()
+        try:
+            return self._write()
+        finally:
+            self._busy = False
 
     def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
                 Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width):
-        """plan() then write(), in one call."""
-        self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                   max_draft_len, cuda_graph_batch_sizes, max_beam_width)
-        return self._write()
+        """plan() then write(), in one call, under one busy guard."""
+        self._enter()
+        try:
+            self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                       max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+            return self._write()
+        finally:
+            self._busy = False
+
+    cdef int _enter(self) except -1:
+        """The busy guard: taken before any caller iterable is consumed (and before any
+        Python code a batch can run), held for the whole public call."""
+        if self._busy:
+            _checks.busy()
+        self._busy = True
+        return 0

@@ -13,11 +13,13 @@
 #   if anything fails); then the output arrays are allocated at their exact sizes; pass 2,
 #   without the GIL, memcpy's the deltas, commits the slots and resets the buffers'
 #   low-water marks. A failing call changes neither the manager nor any request.
-# * Memory safety with the GIL released: pass 2 runs without the GIL when it copies at
-#   least NOGIL_MIN_ENTRIES entries; then the end of pass 1 takes a strong reference (held,
-#   a C array of PyObject*) to every Int32Buffer whose dirty_from a job writes and to every
-#   storage array a job's data pointer reads; pass 2 reads only values planned in pass 1;
-#   the references are dropped after pass 2. A second build / record_matched_tokens /
+# * Memory safety: pass 2 runs without the GIL when it copies at least NOGIL_MIN_ENTRIES
+#   entries, with it otherwise; either way the end of pass 1 re-checks every planned copy
+#   against its buffer and takes a strong reference (held, a C array of PyObject*) to every
+#   Int32Buffer whose dirty_from a job writes and to every storage array a job's data
+#   pointer reads, before the output arrays are allocated (an allocation can run the
+#   garbage collector, hence Python code and other threads); pass 2 reads only values
+#   planned in pass 1; the references are dropped after pass 2. A second build / record_matched_tokens /
 #   reset_request / request_finished on the same state while a build runs raises
 #   RuntimeError (busy) instead of moving slots, rows or segments under the writer.
 #   A request mutated by another thread during a report is the caller's race (the report
@@ -37,7 +39,7 @@ cdef struct ReportSlot:
     Py_ssize_t num_tokens      # beam-0 tokens reported so far (the consumer's mirror length)
     Py_ssize_t num_pauses      # the request's pause count at its last report
     Py_ssize_t matched         # connector-supplied tokens to subtract on the next report
-    Py_ssize_t num_groups      # layer groups at the first report; 0 before any report
+    Py_ssize_t num_groups      # layer groups at the first report; NEVER_REPORTED before any
     Py_ssize_t group_capacity  # entries allocated in num_blocks
     Py_ssize_t* num_blocks     # blocks reported so far, per group
     Py_ssize_t next_free       # free-list link while the slot is unused
@@ -72,6 +74,9 @@ cdef struct SegmentJob:
 
 
 cdef Py_ssize_t NO_ENTRY = -1
+# ReportSlot.num_groups before the first report: a request reported with no layer groups
+# (a blank Request) is not "never reported", and its next report must have none either
+cdef Py_ssize_t NEVER_REPORTED = -1
 # pass 2 releases the GIL when it copies at least this many int32 entries (256 KiB)
 cdef Py_ssize_t NOGIL_MIN_ENTRIES = 1 << 16
 
@@ -97,6 +102,12 @@ cdef inline int32_t* int32_data(object array):
 cdef inline unsigned char* bool_data(object array):
     cdef unsigned char[::1] memory = array.view(np.uint8)
     return &memory[0] if memory.shape[0] else NULL
+
+
+cdef inline int check_span(int64_t request_id, Py_ssize_t begin, Py_ssize_t end, Int32Buffer buffer) except -1:
+    if begin < 0 or begin > end or end > buffer.size or buffer.size > buffer.capacity:
+        _report_checks.outside_buffer(request_id, begin, end, buffer.size)
+    return 0
 
 
 @cython.final
@@ -199,7 +210,7 @@ cdef class ReportState:
         slot.num_tokens = 0
         slot.num_pauses = 0
         slot.matched = 0
-        slot.num_groups = 0
+        slot.num_groups = NEVER_REPORTED
         slot.next_free = NO_ENTRY
         slot.live = True
         slot.reported = False
@@ -270,10 +281,13 @@ cdef class ReportState:
     cdef int _reserve_groups(self, Py_ssize_t number, Py_ssize_t num_groups) except -1:
         cdef ReportSlot* slot = &self.slots[number]
         cdef Py_ssize_t* counts
+        cdef Py_ssize_t group
         if num_groups > slot.group_capacity:
             counts = <Py_ssize_t*>realloc(slot.num_blocks, num_groups * sizeof(Py_ssize_t))
             if counts == NULL:
                 raise MemoryError()
+            for group in range(slot.group_capacity, num_groups):
+                counts[group] = 0  # never read before written; zero all the same
             slot.num_blocks = counts
             slot.group_capacity = num_groups
         return 0
@@ -319,6 +333,20 @@ cdef class ReportState:
         for number in range(num_segments):
             part = &self.segments[number]
             self._hold_buffer(part.buffer, part.end > part.begin)
+        return 0
+
+    cdef int _check_jobs(self, Py_ssize_t batch, Py_ssize_t num_segments) except -1:
+        """The loop-boundary re-check: every planned copy lies inside its buffer, whatever
+        state the buffer's counters were in (a few compares per buffer)."""
+        cdef Py_ssize_t number, segment
+        cdef RowJob* job
+        cdef SegmentJob* part
+        for number in range(batch):
+            job = &self.rows[number]
+            check_span(job.request_id, job.begin, job.end, <Int32Buffer>job.buffer)
+            for segment in range(job.first_segment, job.first_segment + job.num_groups):
+                part = &self.segments[segment]
+                check_span(job.request_id, part.begin, part.end, <Int32Buffer>part.buffer)
         return 0
 
     # ------------------------------------------------------------------ public calls
@@ -388,7 +416,7 @@ cdef class ReportState:
                             _report_checks.duplicate(request._request_id)
                         slot.stamp = stamp
                         num_groups = len(request._block_tables)
-                        if slot.num_groups and slot.num_groups != num_groups:
+                        if slot.num_groups != NEVER_REPORTED and slot.num_groups != num_groups:
                             _report_checks.group_count(request._request_id, num_groups, slot.num_groups)
                         if kind == 0 and slot.matched > request._context_position:
                             _report_checks.matched_past_position(
@@ -448,14 +476,15 @@ cdef class ReportState:
                             total_segments += 1
                             total_blocks += size - begin
                         row += 1
-                # a large copy runs without the GIL: first own every buffer a job writes
-                # (dirty_from) and every storage array a job reads, so that a thread which
-                # appends to (reallocates) or drops a request meanwhile cannot free them. A
-                # small one keeps the GIL (releasing it would cost more than the copy, and
-                # getting it back can wait a whole switch interval); no other thread runs.
+                self._check_jobs(batch, total_segments)
+                # own every buffer a job writes (dirty_from) and every storage array a job
+                # reads before anything allocates: an allocation can run the garbage
+                # collector, hence Python code (__del__, gc callbacks) and other threads,
+                # which may append to (reallocate) or drop a request. A large copy then
+                # runs without the GIL; a small one keeps it (releasing it would cost more
+                # than the copy, and getting it back can wait a whole switch interval).
+                self._hold_jobs(batch, total_segments)
                 release_gil = total_tokens + total_blocks >= NOGIL_MIN_ENTRIES
-                if release_gil:
-                    self._hold_jobs(batch, total_segments)
                 request_ids = np.empty(batch, dtype=np.int64)
                 is_new = np.empty(batch, dtype=np.bool_)
                 positions = np.empty(batch, dtype=np.int64)

@@ -2,6 +2,8 @@
 # tokcy/_pure/request.py, the readable reference: every argument is validated before
 # anything changes; error messages come from tokcy._tokens so both backends say the same.
 
+from tokcy import _invariants
+
 cdef int32_t NO_SLOT = -1
 cdef int64_t NO_LIMIT = -1
 
@@ -64,11 +66,13 @@ cdef class BlockTable:
 
     def __init__(self, block_ids=()):
         self._buffer = Int32Buffer(block_ids_array(block_ids, "block_ids"))
+        self._num_released = 0
 
-    def _restore(self, block_ids, Py_ssize_t num_released, Py_ssize_t dirty_from):
-        self._buffer = Int32Buffer(np.asarray(block_ids, dtype=np.int32))
-        self._buffer.dirty_from = dirty_from
-        self._num_released = num_released
+    def _restore(self, block_ids, num_released, dirty_from):
+        ids, released, mark = _invariants.checked_block_table(block_ids, num_released, dirty_from)
+        self._buffer = Int32Buffer(ids)
+        self._buffer.dirty_from = mark
+        self._num_released = released
 
     def __reduce__(self):
         cls = None if type(self) is BlockTable else type(self)
@@ -92,9 +96,13 @@ cdef class BlockTable:
     def __setitem__(self, Py_ssize_t index, block_id):
         cdef Py_ssize_t position = self._position(index)
         cdef int32_t value = block_id_arg(block_id, "block_id")
+        position = self._position(index)  # block_id's __index__ may have run Python code
         if position < self._num_released:
             raise ValueError(f"block {position} was released by the sliding window and cannot be set")
         self._buffer.set(position, value)
+
+    def __delitem__(self, index):
+        _invariants.no_item_deletion(self)
 
     def __iter__(self):
         return iter(self.tolist())
@@ -191,17 +199,14 @@ cdef class Request:
 
     def __init__(self, request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1):
         request_id = _tokens.as_index(request_id, "request_id")
-        tokens = _tokens.as_int32_array(prompt, "prompt")
-        beam_width = _tokens.as_index(beam_width, "beam_width")
-        if beam_width < 1:
-            raise ValueError(f"beam_width must be >= 1, got {beam_width}")
+        tokens = _invariants.check_prompt(_tokens.as_int32_array(prompt, "prompt"))
+        beam_width = _invariants.check_beam_width(beam_width)
         if max_new_tokens is not None:
             max_new_tokens = _tokens.as_index(max_new_tokens, "max_new_tokens")
             if max_new_tokens < 0:
                 raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        num_layer_groups = _tokens.as_index(num_layer_groups, "num_layer_groups")
-        if num_layer_groups < 1:
-            raise ValueError(f"num_layer_groups must be >= 1, got {num_layer_groups}")
+        num_layer_groups = _invariants.check_num_layer_groups(num_layer_groups)
+        # a second __init__ re-initialises everything, exactly as a new Request (both backends)
         self._request_id = request_id
         self._beams = [Int32Buffer(tokens) for _ in range(beam_width)]
         self._beam0 = self._beams[0]
@@ -210,6 +215,10 @@ cdef class Request:
         self._max_new_tokens = NO_LIMIT if max_new_tokens is None else max_new_tokens
         self._context_position = 0
         self._chunk_size = len(tokens)
+        self._state = RequestState.CONTEXT_INIT
+        self._state_code = 0
+        self._seq_slot = NO_SLOT
+        self._draft_tokens = Int32Buffer()
         self._block_tables = tuple(BlockTable() for _ in range(num_layer_groups))
         self._num_pauses = 0
 
@@ -235,11 +244,14 @@ cdef class Request:
 
     @classmethod
     def _from_state(cls, state):
-        cdef Request self = cls.__new__(cls)
+        """A Request from the plain state of ``__reduce__``, every invariant checked first."""
+        cdef Request self
         cdef Int32Buffer buffer
+        state = _invariants.checked_request_state(state)
+        self = cls.__new__(cls)
         self._beams = []
         for tokens, dirty_from in zip(state["beams"], state["dirty_from"]):
-            buffer = Int32Buffer(np.asarray(tokens, dtype=np.int32))
+            buffer = Int32Buffer(tokens)
             buffer.dirty_from = dirty_from
             self._beams.append(buffer)
         self._beam0 = self._beams[0]
@@ -252,8 +264,8 @@ cdef class Request:
         self.seq_slot = state["seq_slot"]
         self._context_position = state["context_current_position"]
         self._chunk_size = state["context_chunk_size"]
-        self._draft_tokens = Int32Buffer(np.asarray(state["draft_tokens"], dtype=np.int32))
-        self._block_tables = tuple(_pickle.restore_block_table(None, *table) for table in state["block_tables"])
+        self._draft_tokens = Int32Buffer(state["draft_tokens"])
+        self._block_tables = tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"])
         self._num_pauses = state["num_pauses"]
         if state["dict"]:
             self.__dict__.update(state["dict"])
@@ -295,8 +307,12 @@ cdef class Request:
 
     @state.setter
     def state(self, value):
-        self._state = _as_state(value)
+        self._state = _invariants.checked_state(value)
         self._state_code = self._state
+
+    @state.deleter
+    def state(self):
+        _invariants.no_deleter(self, "state")
 
     @property
     def seq_slot(self):
@@ -314,6 +330,10 @@ cdef class Request:
         if value > INT32_MAX:
             raise OverflowError(f"seq_slot {value} does not fit in int32")
         self._seq_slot = value
+
+    @seq_slot.deleter
+    def seq_slot(self):
+        _invariants.no_deleter(self, "seq_slot")
 
     @property
     def block_tables(self):
@@ -438,8 +458,7 @@ cdef class Request:
     cdef object _per_beam(self, object per_beam):
         if isinstance(per_beam, (str, bytes)) or not hasattr(per_beam, "__len__"):
             raise TypeError(f"per_beam must be a sequence with one entry per beam, not {type(per_beam).__name__}")
-        if type(per_beam) is not list and type(per_beam) is not tuple:
-            per_beam = list(per_beam)
+        per_beam = tuple(per_beam)  # owned: element conversion below may run caller code
         if len(per_beam) != self._beam_width:
             raise ValueError(f"per_beam has {len(per_beam)} entries but beam_width is {self._beam_width}")
         return per_beam
@@ -472,6 +491,10 @@ cdef class Request:
         self._context_position = value
         self._chunk_size = min(self._chunk_size, self._prompt_len - value)
 
+    @context_current_position.deleter
+    def context_current_position(self):
+        _invariants.no_deleter(self, "context_current_position")
+
     @property
     def context_chunk_size(self):
         """Prompt tokens in the next chunk; setting stores min(size, remaining)."""
@@ -482,6 +505,10 @@ cdef class Request:
         if value < 0:
             raise ValueError(f"context_chunk_size must be >= 0, got {value}")
         self._chunk_size = min(value, self._prompt_len - self._context_position)
+
+    @context_chunk_size.deleter
+    def context_chunk_size(self):
+        _invariants.no_deleter(self, "context_chunk_size")
 
     @property
     def context_remaining_length(self):
@@ -509,6 +536,10 @@ cdef class Request:
     @draft_tokens.setter
     def draft_tokens(self, tokens):
         self._draft_tokens = Int32Buffer(_tokens.as_int32_array(() if tokens is None else tokens, "draft_tokens"))
+
+    @draft_tokens.deleter
+    def draft_tokens(self):
+        _invariants.no_deleter(self, "draft_tokens")
 
     @property
     def num_draft_tokens(self):
@@ -547,10 +578,3 @@ cdef class Request:
             table.truncate(0)
         self._num_pauses += 1
 
-
-cdef object _as_state(object value):
-    number = _tokens.as_index(value, "state")
-    try:
-        return RequestState(number)
-    except ValueError:
-        raise ValueError(f"state must be a RequestState, got {value!r}") from None

@@ -5,6 +5,7 @@ exception with the same message whichever backend is live. Each function raises.
 """
 
 from tokcy._state import RequestState
+from tokcy._tokens import INT32_MAX, as_index
 
 CONTEXT = "context_requests"
 GENERATION = "generation_requests"
@@ -70,8 +71,22 @@ def no_tokens(group, request_id, beam):
     raise ValueError(f"request {request_id} in {group} has no tokens in beam {beam}")
 
 
+def owned_batch_sizes(sizes):
+    """``cuda_graph_batch_sizes`` copied into a tuple of ints before anything is planned,
+    so no caller code (``__iter__``, ``__index__``) runs between the checks and the copy."""
+    return None if sizes is None else tuple([as_index(size) for size in tuple(sizes)])
+
+
 def bad_batch_size(value):
+    if value > INT32_MAX:
+        raise ValueError(f"cuda_graph_batch_sizes entries must be <= {INT32_MAX}, got {value}")
     raise ValueError(f"cuda_graph_batch_sizes entries must be >= 1, got {value}")
+
+
+def outside_buffer(request_id, begin, count, size):
+    raise ValueError(
+        f"request {request_id}: tokens [{begin}, {begin + count}) lie outside the {size} tokens of its buffer"
+    )
 
 
 def no_padding_size(num_sequences, sizes):

@@ -49,5 +49,9 @@ def negative_matched(num_tokens):
     raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
 
 
+def outside_buffer(request_id, begin, end, size):
+    raise ValueError(f"request {request_id}: the report's copy [{begin}, {end}) lies outside its {size} entries")
+
+
 def busy():
     raise RuntimeError("this SchedulerOutputManager is building a report in another thread")

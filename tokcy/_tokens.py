@@ -53,6 +53,8 @@ def as_int32_array(values, name):
     """
     if isinstance(values, (str, bytes, bytearray)) or not hasattr(values, "__len__"):
         raise TypeError(f"{name} must be a sequence of integer token ids, not {type(values).__name__}")
+    if isinstance(values, (list, tuple)):
+        values = tuple(values)  # owned: what is checked below is what is converted
     if isinstance(values, np.ndarray):
         array = values
     elif len(values) == 0:
@@ -71,10 +73,10 @@ def as_int32_array(values, name):
         return np.array(array, dtype=np.int32, copy=True)
     if isinstance(values, np.ndarray):
         raise TypeError(f"{name} must hold integers, got an array of dtype {array.dtype}")
-    # A list holding something other than ints: find and name the first bad element.
-    for position, value in enumerate(values):
-        check_token(value, f"{name}[{position}]")
-    return np.array([int(v) for v in values], dtype=np.int32)
+    # A sequence holding something other than ints: check each element once, name the first
+    # bad one, and build the array from the checked numbers (never from a second conversion).
+    elements = values if isinstance(values, tuple) else array
+    return np.array([check_token(value, f"{name}[{position}]") for position, value in enumerate(elements)], dtype=np.int32)
 
 
 def check_beam(beam, beam_width):

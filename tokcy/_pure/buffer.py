@@ -13,6 +13,8 @@ Three counters make it what the hot loops need:
 
 import numpy as np
 
+from tokcy._tokens import INT32_MAX
+
 MIN_CAPACITY = 16
 
 
@@ -43,6 +45,8 @@ class Int32Buffer:
         capacity = len(self.storage)
         if start < self.shared_end or new_size > capacity:
             if new_size > capacity:
+                if new_size > INT32_MAX:  # positions and lengths travel as int32
+                    raise ValueError(f"a token buffer holds at most {INT32_MAX} entries")
                 capacity = grown_capacity(capacity, new_size)
             fresh = np.empty(capacity, dtype=np.int32)
             fresh[: self.size] = self.storage[: self.size]
@@ -73,6 +77,7 @@ class Int32Buffer:
             self.storage[begin:end] = value
 
     def truncate(self, size):
+        size = min(max(size, 0), self.size)  # never grows, never negative (as the compiled twin)
         self.size = size
         if size < self.dirty_from:
             self.dirty_from = size

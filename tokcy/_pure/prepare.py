@@ -11,7 +11,7 @@ import numpy as np
 from tokcy import _prepare_checks as _checks
 from tokcy._pure.request import Request
 from tokcy._state import RequestState
-from tokcy._tokens import as_index
+from tokcy._tokens import INT32_MAX, as_index
 
 __all__ = ["InputWriter"]
 
@@ -45,11 +45,20 @@ class InputWriter:
     def __init__(self):
         self._arrays = None
         self._plan_state = None
+        self._busy = False
         self.tokens_copied = 0
+
+    def _enter(self):
+        """The busy guard: taken before any caller iterable is consumed, held for the whole call."""
+        if self._busy:
+            _checks.busy()
+        self._busy = True
 
     def bind(self, input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
              cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots):
         """Write into these contiguous arrays (int32, request_ids int64) from now on."""
+        if self._busy:
+            _checks.busy()
         arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
                   cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots)
         for position, array in enumerate(arrays):
@@ -72,15 +81,26 @@ class InputWriter:
              max_draft_len, cuda_graph_batch_sizes, max_beam_width):
         """Pass 1: validate the batch and return the sizes it needs: (token rows, gathered
         rows, sequences incl. padding, draft tokens, draft requests, device-token rows)."""
-        groups = [tuple(group) for group in
-                  (context_requests, generation_requests, first_draft_requests, device_token_requests)]
-        context_requests, generation_requests, first_draft_requests, device_token_requests = groups
+        self._enter()
+        try:
+            return self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                              max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+        finally:
+            self._busy = False
+
+    def _plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
+              max_draft_len, cuda_graph_batch_sizes, max_beam_width):
+        # the compiled twin's order: its typed limits convert first, then the groups and sizes
         max_draft_len = as_index(max_draft_len)
         max_beam_width = as_index(max_beam_width)
         if max_draft_len < 0:
             _checks.negative_limit("max_draft_len", max_draft_len)
         if max_beam_width < 0:
             _checks.negative_limit("max_beam_width", max_beam_width)
+        groups = [tuple(group) for group in
+                  (context_requests, generation_requests, first_draft_requests, device_token_requests)]
+        context_requests, generation_requests, first_draft_requests, device_token_requests = groups
+        batch_sizes = _checks.owned_batch_sizes(cuda_graph_batch_sizes)
         self._plan_state = None
         seen = set()
         # spec: (kind, source array, begin, ncopy, draft array, seq_len, pos0, cached, request id, prompt len, slot)
@@ -93,6 +113,8 @@ class InputWriter:
                 _checks.empty_chunk(request_id)
             if start + chunk > item._prompt_len:
                 _checks.chunk_past_prompt(request_id, start, chunk, item._prompt_len)
+            if start < 0 or start + chunk > item._beams[0].size:  # the copy's re-check
+                _checks.outside_buffer(request_id, start, chunk, item._beams[0].size)
             context.append((_CONTEXT, item._beams[0].storage, start, chunk, None, chunk, start, start,
                             request_id, item._prompt_len, -1))
             num_gather += 1
@@ -147,16 +169,15 @@ class InputWriter:
             num_gather += 1
         specs = context + drafted + first_draft + plain + device
         num_padding = 0
-        if cuda_graph_batch_sizes is not None and not context and not first_draft:
+        if batch_sizes is not None and not context and not first_draft:
             best = -1
-            for item in cuda_graph_batch_sizes:
-                size = as_index(item)
-                if size < 1:
+            for size in batch_sizes:
+                if size < 1 or size > INT32_MAX:
                     _checks.bad_batch_size(size)
                 if size >= len(specs) and (best < 0 or size < best):
                     best = size
             if best < 0:
-                _checks.no_padding_size(len(specs), cuda_graph_batch_sizes)
+                _checks.no_padding_size(len(specs), batch_sizes)
             num_padding = best - len(specs)
         num_context_tokens = sum(spec[5] for spec in context)
         num_tokens = sum(spec[5] for spec in specs) + num_padding
@@ -173,6 +194,13 @@ class InputWriter:
         (context requests, context tokens, generation tokens, tokens, sequences, padded
         batch, device-token row start, gathered rows, draft tokens, draft requests,
         device-token rows). ValueError, before anything is written, if it does not fit."""
+        self._enter()
+        try:
+            return self._write()
+        finally:
+            self._busy = False
+
+    def _write(self):
         if self._plan_state is None:
             _checks.not_planned()
         plan, self._plan_state = self._plan_state, None
@@ -249,7 +277,11 @@ class InputWriter:
 
     def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
                 max_draft_len, cuda_graph_batch_sizes, max_beam_width):
-        """plan() then write(), in one call."""
-        self.plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                  max_draft_len, cuda_graph_batch_sizes, max_beam_width)
-        return self.write()
+        """plan() then write(), in one call, under one busy guard."""
+        self._enter()
+        try:
+            self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                       max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+            return self._write()
+        finally:
+            self._busy = False

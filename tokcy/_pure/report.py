@@ -52,7 +52,7 @@ class _Slot:
         self.num_tokens = 0  # beam-0 tokens reported so far (the mirror's length)
         self.num_pauses = 0  # the request's pause count at its last report
         self.matched = 0  # connector-supplied tokens to subtract on the next report
-        self.num_blocks = []  # blocks reported so far, per group; [] before any report
+        self.num_blocks = None  # blocks reported so far, per group; None before any report
         self.reported = False  # False: the next report is a new request
 
 
@@ -99,7 +99,7 @@ class ReportState:
                     checks.duplicate(request_id)
                 seen.add(request_id)
                 tables = request._block_tables
-                if slot.num_blocks and len(slot.num_blocks) != len(tables):
+                if slot.num_blocks is not None and len(slot.num_blocks) != len(tables):
                     checks.group_count(request_id, len(tables), len(slot.num_blocks))
                 if kind == 0 and slot.matched > request._context_position:
                     checks.matched_past_position(request_id, slot.matched, request._context_position)
@@ -127,6 +127,7 @@ class ReportState:
                 token_plan = (beam, beam.storage, begin, size, replaced)
                 rows.append((request_id, request._num_pauses, slot, is_new, token_plan, position, scheduled, segments))
 
+        _check_spans(rows)
         # pass 2: copy the planned deltas, then commit
         self._slots.update(fresh)
         batch = len(rows)
@@ -208,6 +209,17 @@ class ReportState:
 
     def tracked_request_ids(self):
         return sorted(self._slots)
+
+
+def _check_spans(rows):
+    """The loop-boundary re-check, as in the compiled twin: every planned copy lies
+    inside its buffer (numpy would wrap a negative begin instead of failing)."""
+    for request_id, _, _, _, token_plan, _, _, segments in rows:
+        beam, _, begin, end, _ = token_plan
+        spans = [(beam, begin, end)] + [(buffer, first, last) for buffer, _, first, last, _, _ in segments]
+        for buffer, first, last in spans:
+            if first < 0 or first > last or last > buffer.size:
+                checks.outside_buffer(request_id, first, last, buffer.size)
 
 
 def _concatenate(pieces):

@@ -7,7 +7,7 @@ raises leaves the object as it was.
 
 import numpy as np
 
-from tokcy import _pickle, _repr
+from tokcy import _invariants, _pickle, _repr
 from tokcy._pure.buffer import Int32Buffer
 from tokcy._state import RequestState
 from tokcy._tokens import INT32_MAX, as_clamped_index, as_index, as_int32_array, check_beam, check_token
@@ -47,9 +47,10 @@ class BlockTable:
         self._num_released = 0
 
     def _restore(self, block_ids, num_released, dirty_from):
-        self._buffer = Int32Buffer(np.asarray(block_ids, dtype=np.int32))
-        self._buffer.dirty_from = dirty_from
-        self._num_released = num_released
+        ids, released, mark = _invariants.checked_block_table(block_ids, num_released, dirty_from)
+        self._buffer = Int32Buffer(ids)
+        self._buffer.dirty_from = mark
+        self._num_released = released
 
     def __reduce__(self):
         cls = None if type(self) is BlockTable else type(self)
@@ -74,9 +75,13 @@ class BlockTable:
     def __setitem__(self, index, block_id):
         position = self._position(index)
         block_id = _check_block_id(block_id, "block_id")
+        position = self._position(index)  # block_id's __index__ may have run Python code
         if position < self._num_released:
             raise ValueError(f"block {position} was released by the sliding window and cannot be set")
         self._buffer.set(position, block_id)
+
+    def __delitem__(self, index):
+        _invariants.no_item_deletion(self)
 
     def __iter__(self):
         return iter(self.tolist())
@@ -176,17 +181,14 @@ class Request:
 
     def __init__(self, request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1):
         request_id = as_index(request_id, "request_id")
-        tokens = as_int32_array(prompt, "prompt")
-        beam_width = as_index(beam_width, "beam_width")
-        if beam_width < 1:
-            raise ValueError(f"beam_width must be >= 1, got {beam_width}")
+        tokens = _invariants.check_prompt(as_int32_array(prompt, "prompt"))
+        beam_width = _invariants.check_beam_width(beam_width)
         if max_new_tokens is not None:
             max_new_tokens = as_index(max_new_tokens, "max_new_tokens")
             if max_new_tokens < 0:
                 raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        num_layer_groups = as_index(num_layer_groups, "num_layer_groups")
-        if num_layer_groups < 1:
-            raise ValueError(f"num_layer_groups must be >= 1, got {num_layer_groups}")
+        num_layer_groups = _invariants.check_num_layer_groups(num_layer_groups)
+        # a second __init__ re-initialises everything, exactly as a new Request (both backends)
         self._request_id = request_id
         self._beams = [Int32Buffer(tokens) for _ in range(beam_width)]
         self._prompt_len = self._orig_prompt_len = len(tokens)
@@ -220,22 +222,24 @@ class Request:
 
     @classmethod
     def _from_state(cls, state):
+        """A Request from the plain state of ``__reduce__``, every invariant checked first."""
+        state = _invariants.checked_request_state(state)
         self = cls.__new__(cls)
         self._request_id = state["request_id"]
         self._beams = []
         for tokens, dirty_from in zip(state["beams"], state["dirty_from"]):
-            beam = Int32Buffer(np.asarray(tokens, dtype=np.int32))
+            beam = Int32Buffer(tokens)
             beam.dirty_from = dirty_from
             self._beams.append(beam)
         self._prompt_len = state["prompt_len"]
         self._orig_prompt_len = state["orig_prompt_len"]
         self._max_new_tokens = state["max_new_tokens"]
-        self._state = RequestState(state["state"])
+        self._state = state["state"]
         self._seq_slot = state["seq_slot"]
         self._context_position = state["context_current_position"]
         self._chunk_size = state["context_chunk_size"]
-        self._draft_tokens = np.asarray(state["draft_tokens"], dtype=np.int32)
-        self._block_tables = tuple(_pickle.restore_block_table(None, *table) for table in state["block_tables"])
+        self._draft_tokens = state["draft_tokens"]
+        self._block_tables = tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"])
         self._num_pauses = state["num_pauses"]
         if state["dict"]:
             self.__dict__.update(state["dict"])
@@ -277,7 +281,11 @@ class Request:
 
     @state.setter
     def state(self, value):
-        self._state = _as_state(value)
+        self._state = _invariants.checked_state(value)
+
+    @state.deleter
+    def state(self):
+        _invariants.no_deleter(self, "state")
 
     @property
     def seq_slot(self):
@@ -293,6 +301,10 @@ class Request:
             if value > INT32_MAX:
                 raise OverflowError(f"seq_slot {value} does not fit in int32")
         self._seq_slot = value
+
+    @seq_slot.deleter
+    def seq_slot(self):
+        _invariants.no_deleter(self, "seq_slot")
 
     @property
     def block_tables(self):
@@ -398,8 +410,7 @@ class Request:
     def _per_beam(self, per_beam):
         if isinstance(per_beam, (str, bytes)) or not hasattr(per_beam, "__len__"):
             raise TypeError(f"per_beam must be a sequence with one entry per beam, not {type(per_beam).__name__}")
-        if type(per_beam) is not list and type(per_beam) is not tuple:
-            per_beam = list(per_beam)
+        per_beam = tuple(per_beam)  # owned: element conversion may run caller code
         if len(per_beam) != len(self._beams):
             raise ValueError(f"per_beam has {len(per_beam)} entries but beam_width is {len(self._beams)}")
         return per_beam
@@ -433,6 +444,10 @@ class Request:
         self._context_position = value
         self._chunk_size = min(self._chunk_size, self._prompt_len - value)
 
+    @context_current_position.deleter
+    def context_current_position(self):
+        _invariants.no_deleter(self, "context_current_position")
+
     @property
     def context_chunk_size(self):
         """Prompt tokens in the next chunk; setting stores min(size, remaining)."""
@@ -444,6 +459,10 @@ class Request:
         if value < 0:
             raise ValueError(f"context_chunk_size must be >= 0, got {value}")
         self._chunk_size = min(value, self._prompt_len - self._context_position)
+
+    @context_chunk_size.deleter
+    def context_chunk_size(self):
+        _invariants.no_deleter(self, "context_chunk_size")
 
     @property
     def context_remaining_length(self):
@@ -471,6 +490,10 @@ class Request:
     @draft_tokens.setter
     def draft_tokens(self, tokens):
         self._draft_tokens = as_int32_array(() if tokens is None else tokens, "draft_tokens")
+
+    @draft_tokens.deleter
+    def draft_tokens(self):
+        _invariants.no_deleter(self, "draft_tokens")
 
     @property
     def num_draft_tokens(self):
@@ -506,10 +529,3 @@ class Request:
             table.truncate(0)
         self._num_pauses += 1
 
-
-def _as_state(value):
-    number = as_index(value, "state")
-    try:
-        return RequestState(number)
-    except ValueError:
-        raise ValueError(f"state must be a RequestState, got {value!r}") from None

@@ -20,6 +20,9 @@ from tokcy.bench.timing import PLANS
 SCENARIOS = ("accessors", "executor", "executor_batch", "connector", "connector_batch", "memory")
 
 
+ON_REQUEST = ("soak",)  # run only when named with --scenario
+
+
 def load_scenario(name: str):
     """The scenario object, or a string saying why it cannot run here."""
     try:
@@ -48,8 +51,8 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(level="default")
     p.add_argument("--backend", choices=("cython", "python", "both"), default=None,
                    help="which tokcy backend to time (default: the live one, tokcy.BACKEND)")
-    p.add_argument("--scenario", action="append", choices=SCENARIOS, metavar="NAME",
-                   help=f"run only this scenario (repeatable): {', '.join(SCENARIOS)}")
+    p.add_argument("--scenario", action="append", choices=SCENARIOS + ON_REQUEST, metavar="NAME",
+                   help=f"run only this scenario (repeatable): {', '.join(SCENARIOS + ON_REQUEST)}")
     p.add_argument("--json", metavar="PATH", help="write the raw figures (every round median) as JSON")
     p.add_argument("--plot", metavar="PATH",
                    help="draw host time per iteration against sequence length, log axes (needs matplotlib)")

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The test suite (or the pytest arguments given) against tokcy._core built with
+# AddressSanitizer + UndefinedBehaviorSanitizer: any report aborts the run and fails it.
+#   .ci/sanitize.sh                   rebuild in place with TOKCY_SANITIZE=1, run the suite
+#   .ci/sanitize.sh tests/test_x.py   the same, only those tests
+#   TOKCY_SANITIZE_NO_BUILD=1 ...     run against the sanitizer build already in place
+# PYTHON picks the interpreter (default: python). gcc's libasan (and libstdc++) are preloaded,
+# because the interpreter itself is not instrumented. Leave a normal build behind with
+#   python setup.py build_ext --inplace --force
+set -euo pipefail
+PYTHON=${PYTHON:-python}
+cd "$(dirname "$0")/.."
+
+if [ "${TOKCY_SANITIZE_NO_BUILD:-0}" = 0 ]; then
+    TOKCY_SANITIZE=1 "$PYTHON" setup.py -q build_ext --inplace --force
+fi
+LIBASAN=$(gcc -print-file-name=libasan.so)
+[ -e "$LIBASAN" ] || { echo "sanitize: gcc has no libasan.so ($LIBASAN)"; exit 1; }
+# libstdc++ too: ASan intercepts C++ throws only if the C++ runtime is there when it starts
+# (matplotlib's extension throws while it imports)
+LIBSTDCXX=$(gcc -print-file-name=libstdc++.so)
+
+REPORTS=$(mktemp -d)
+status=0
+# detect_leaks=0: CPython's own allocations at exit are not ours to judge; every other
+# report halts the process (halt_on_error, and -fno-sanitize-recover=all in the build).
+LD_PRELOAD="$LIBASAN $LIBSTDCXX" \
+ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:log_path=$REPORTS/asan" \
+UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$REPORTS/ubsan" \
+    "$PYTHON" -m pytest -q -x -p no:cacheprovider "$@" || status=$?
+
+# a report in a subprocess (or one pytest survived) still fails the step
+if compgen -G "$REPORTS/*" > /dev/null; then
+    cat "$REPORTS"/*
+    echo "sanitize: the sanitizers reported the errors above"
+    exit 1
+fi
+exit "$status"

@@ -1,0 +1,387 @@
+"""Fourteen ways into memory errors that the compiled core once had, one test each.
+
+Each asserts a clean exception or a defined result, the same on both backends, and that
+every observable is unchanged after a refused call. Under the sanitizer build (.ci/run,
+docs/invariants.md) a regression shows as an AddressSanitizer report, not a wrong value.
+"""
+
+import gc
+import pickle
+
+import numpy as np
+import pytest
+
+from tokcy import RequestState, _pickle
+from tokcy.connector import SchedulerOutputManager
+from tokcy.executor import HostBuffers, prepare_inputs
+
+
+def observe(request):
+    """Every public observable of a request (tokens, fields, block tables)."""
+    return (
+        request.request_id,
+        request.beam_width,
+        request.get_tokens(),
+        request.prompt_len,
+        request.orig_prompt_len,
+        request.max_new_tokens,
+        int(request.state),
+        request.seq_slot,
+        request.context_current_position,
+        request.context_chunk_size,
+        request.draft_tokens,
+        [(table.tolist(), table.num_released) for table in request.block_tables],
+    )
+
+
+class Crafted:
+    """Pickles as a call of ``function(*args)``: a pickle anyone could have written."""
+
+    def __init__(self, function, *args):
+        self.reduced = (function, args)
+
+    def __reduce__(self):
+        return self.reduced
+
+
+def valid_request(cls):
+    request = cls(7, [1, 2, 3, 4, 5], beam_width=2, num_layer_groups=2)
+    request.block_tables[0].extend([3, 4, 5])
+    request.block_tables[0].release_front(1)
+    return request
+
+
+def valid_state(backend):
+    return valid_request(backend.Request).__reduce__()[1][1]
+
+
+# ----------------------------------------------------------------- through the public API
+def test_1_small_report_owns_what_it_reads_while_gc_runs_python_code(backend):
+    """A gc callback (Python code run by any allocation) replaces and frees the storage
+    the report planned to copy: the report owns it, so it shows the plan-time tokens."""
+    prompt = np.arange(4096, dtype=np.int32) % 1000
+    request = backend.Request(1, prompt)
+    request.block_tables[0].extend(range(64))
+    fired = []
+
+    def replace_storage(phase, info):
+        if phase == "start" and armed:
+            view = request.get_tokens_view(0)  # the next write copies; the old storage is then the view's
+            request.set_generated_tokens([[len(fired)] * 8])
+            table_view = request.block_tables[0].view()
+            request.block_tables[0][0] = 1000 + len(fired)
+            del view, table_view  # frees the old storage arrays, unless the report holds them
+            fired.append(phase)
+
+    armed = False
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(replace_storage)
+    try:
+        for _ in range(20):
+            manager = SchedulerOutputManager()
+            garbage = [[] for _ in range(8)]  # live allocations: the next one collects
+            gc.set_threshold(1, 1, 1)
+            armed = True
+            output = manager.build_scheduler_output([], [request])
+            armed = False
+            gc.set_threshold(*thresholds)
+            del garbage
+            tokens = output.tokens.tolist()
+            assert tokens[:4096] == prompt.tolist()
+            assert len(tokens) in (4096, 4104) and len(set(tokens[4096:])) <= 1
+            blocks = output.block_ids.tolist()
+            assert len(blocks) == 64 and blocks[1:] == list(range(1, 64)) and (blocks[0] == 0 or blocks[0] >= 1000)
+    finally:
+        armed = False
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(replace_storage)
+    assert fired
+
+
+def test_2_the_busy_guard_covers_the_whole_prepare_call(backend):
+    """A batch-size entry whose __index__ calls prepare_inputs again on the same buffers:
+    the inner call is refused (RuntimeError) and the outer one is exact."""
+    buffers = HostBuffers(64, 8)
+    requests = [backend.Request(i, [10 * i + 1, 10 * i + 2, 10 * i + 3]) for i in range(3)]
+    for request in requests:
+        request.state = RequestState.GENERATION_IN_PROGRESS
+    refused = []
+
+    class Reentrant:
+        def __index__(self):
+            try:
+                prepare_inputs([], requests[:1], out=buffers)
+            except RuntimeError as error:
+                refused.append(str(error))
+            return 4
+
+    inputs = prepare_inputs([], requests, cuda_graph_batch_sizes=[Reentrant()], out=buffers)
+    assert refused == ["this InputWriter is in use by another thread"]
+    assert inputs.input_ids.tolist() == [3, 13, 23, 0]
+    assert inputs.position_ids.tolist() == [2, 2, 2, 0]
+    assert inputs.request_ids.tolist() == [0, 1, 2, -1]
+    assert inputs.num_tokens == 4 and inputs.padded_batch_size == 4
+
+
+def test_3_add_new_tokens_copies_the_callers_list_before_converting(backend):
+    request = backend.Request(1, [1, 2], beam_width=4)
+    per_beam = []
+
+    class Clearing:
+        def __index__(self):
+            per_beam.clear()
+            return 5
+
+    per_beam.extend([Clearing(), 6, 7, 8])
+    assert request.add_new_tokens(per_beam) == 3
+    assert request.get_tokens() == [[1, 2, 5], [1, 2, 6], [1, 2, 7], [1, 2, 8]]
+
+
+def test_3_set_generated_tokens_copies_the_callers_list_before_converting(backend):
+    request = backend.Request(1, [1, 2], beam_width=4)
+    per_beam = []
+
+    class Clearing(list):
+        def __len__(self):
+            per_beam.clear()
+            return super().__len__()
+
+    per_beam.extend([Clearing([5, 5]), [6], [7], [8, 8, 8]])
+    request.set_generated_tokens(per_beam)
+    assert request.get_tokens() == [[1, 2, 5, 5], [1, 2, 6], [1, 2, 7], [1, 2, 8, 8, 8]]
+
+
+def test_4_a_blank_request_reported_is_not_never_reported(backend):
+    manager = SchedulerOutputManager()
+    blank = backend.Request.__new__(backend.Request)
+    first = manager.build_scheduler_output([blank], [])
+    assert first.request_ids.tolist() == [0] and first.block_offsets.tolist() == [0]
+    real = backend.Request(0, [1, 2, 3])
+    real.block_tables[0].extend([4, 5])
+    before = observe(real)
+    with pytest.raises(ValueError, match="request 0 has 1 layer groups but its earlier reports had 0"):
+        manager.build_scheduler_output([real], [])
+    assert observe(real) == before and manager.tracked_request_ids() == [0]
+    manager.request_finished(0)
+    (data,) = manager.build_scheduler_output([real], []).new_requests
+    assert data.new_block_ids == [4, 5]
+
+
+@pytest.mark.parametrize(
+    "keyword, message",
+    [
+        ("beam_width", "beam_width 2147483648 exceeds the maximum of 1024"),
+        ("num_layer_groups", "num_layer_groups 2147483648 exceeds the maximum of 1024"),
+    ],
+    ids=["beam_width", "num_layer_groups"],
+)
+def test_5_sizes_have_an_upper_bound(backend, keyword, message):
+    with pytest.raises(ValueError, match=message):
+        backend.Request(1, [1, 2], **{keyword: 2**31})
+    assert backend.Request(1, [1], **{keyword: 1024}).beam_width == (1024 if keyword == "beam_width" else 1)
+
+
+# ----------------------------------------------------------- through restored or crafted state
+def test_7_a_negative_released_count_is_refused_on_restore(backend):
+    crafted = pickle.dumps(Crafted(_pickle.restore_block_table, None, [1, 2], -4096))
+    with pytest.raises(ValueError, match=r"num_released -4096 is outside \[0, 2\]"):
+        pickle.loads(crafted).release_front(1)  # accepted, this would write before the buffer
+    table = backend.BlockTable([1, 2])
+    with pytest.raises(ValueError, match=r"num_released 3 is outside \[0, 2\]"):
+        table._restore([1, 2], 3, 0)
+    with pytest.raises(ValueError, match="the first 1 entries are released and must read -1"):
+        _pickle.restore_block_table(None, [1, 2], 1)
+    assert (table.tolist(), table.num_released) == ([1, 2], 0)
+    restored = _pickle.restore_block_table(None, [-1, 2], 1)
+    restored.release_front(2)
+    assert (restored.tolist(), restored.num_released) == ([-1, -1], 2)
+
+
+def crafted_request(backend, **fields):
+    state = dict(valid_state(backend), **fields)
+    return pickle.dumps(Crafted(_pickle.restore_request, None, state))
+
+
+def prefill(request):
+    prepare_inputs([request], [])  # copies the chunk [cursor, cursor + chunk) of beam 0
+
+
+def regenerate(request):
+    request.set_generated_tokens([[1]] * request.beam_width)
+
+
+def rewind_and_grow(request):
+    request.truncate(request.prompt_len)
+    request.add_new_token(1)
+
+
+def report_again(request):
+    """A first report of a valid request with the same id, then the restored one's."""
+    manager = SchedulerOutputManager()
+    manager.build_scheduler_output([valid_request(type(request))], [])
+    manager.build_scheduler_output([request], [])
+
+
+# Each crafted state, and what an attacker does next with it: where the state is refused,
+# the second step never runs; on a build that accepted it, that step is the memory error
+# (a read or write outside the buffer) which the sanitizer build reports.
+@pytest.mark.parametrize(
+    "fields, message, use",
+    [
+        ({"prompt_len": 6}, r"prompt_len 6 is outside \[0, 5\]", prefill),  # 8: past the tokens
+        ({"prompt_len": 6, "context_chunk_size": 1, "context_current_position": 5}, r"prompt_len 6 is outside", prefill),
+        ({"beams": [[1, 2, 3, 4, 5], [1, 2]], "prompt_len": 5}, r"prompt_len 5 is outside \[0, 2\]", regenerate),
+        ({"prompt_len": -1}, r"prompt_len -1 is outside \[0, 5\]", rewind_and_grow),  # 9
+        ({"context_current_position": -2}, r"context_current_position -2 is outside \[0, 5\]", prefill),  # 10
+        ({"context_chunk_size": 6}, r"context_chunk_size 6 is outside \[0, 5\]", prefill),
+        ({"dirty_from": [-4096, 0]}, r"dirty_from\[0\] -4096 is outside \[0, 5\]", report_again),  # 11
+        ({"dirty_from": [0, 6]}, r"dirty_from\[1\] 6 is outside \[0, 5\]", report_again),
+        ({"block_tables": [([-1, 4, 5], 1, -4096), ([], 0)]}, r"dirty_from -4096 is outside \[0, 3\]", report_again),
+        ({"beams": [], "dirty_from": []}, r"beams: 0 beams is outside \[1, 1024\]", prefill),  # 12
+        ({"beams": [[1]] * 1025, "dirty_from": [0] * 1025, "prompt_len": 0}, r"1025 beams is outside \[1, 1024\]", None),
+        ({"block_tables": [([], 0)] * 1025}, "1025 layer groups is above 1024", None),
+        ({"orig_prompt_len": 5, "prompt_len": 4}, r"orig_prompt_len 5 is outside \[0, 4\]", None),
+        ({"seq_slot": 2**31}, r"seq_slot 2147483648 is outside \[0, 2147483647\]", None),
+        ({"state": 9}, "state must be a RequestState, got 9", None),
+        ({"num_pauses": -1}, r"num_pauses -1 is outside", None),
+        ({"max_new_tokens": -1}, r"max_new_tokens -1 is outside", None),
+    ],
+    ids=lambda value: "-".join(f"{key}={value[key]}"[:24] for key in value).replace(" ", "") if isinstance(value, dict) else "",
+)
+def test_8_to_12_crafted_request_states_are_refused(backend, fields, message, use):
+    crafted = crafted_request(backend, **fields)
+    with pytest.raises(ValueError, match=message):
+        request = pickle.loads(crafted)
+        if use is not None:
+            use(request)
+    with pytest.raises(ValueError, match=message):
+        backend.Request._from_state(dict(valid_state(backend), **fields))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"beams": "abc"}, "beams must be a sequence, not str"),
+        ({"beams": [[1.5]], "dirty_from": [0]}, r"beams\[0\]\[0\] must be an integer token id, not float"),
+        ({"prompt_len": 2.0}, "'float' object cannot be interpreted as an integer"),
+        ({"dict": [1]}, "dict must be a dict or None, not list"),
+    ],
+    ids=["beams-str", "beams-float", "prompt_len-float", "dict-list"],
+)
+def test_crafted_state_of_the_wrong_type_is_a_type_error(backend, fields, message):
+    with pytest.raises(TypeError, match=message):
+        pickle.loads(crafted_request(backend, **fields))
+
+
+def test_a_state_missing_a_field_names_it(backend):
+    state = valid_state(backend)
+    del state["dirty_from"]
+    with pytest.raises(ValueError, match="lacks the field"):
+        backend.Request._from_state(state)
+    with pytest.raises(TypeError, match="Request state must be a dict, not list"):
+        backend.Request._from_state([])
+
+
+def test_12_every_valid_state_round_trips_on_both_backends(both_backends):
+    compiled, pure = both_backends
+    for module in both_backends:
+        state = valid_state(module)
+        for target in both_backends:
+            assert observe(target.Request._from_state(state)) == observe(module.Request._from_state(state))
+    blank = compiled.Request.__new__(compiled.Request)
+    assert observe(pickle.loads(pickle.dumps(blank))) == observe(pure.Request.__new__(pure.Request))
+
+
+# ------------------------------------------------------------------------------- parity
+def test_13_init_called_again_reinitialises_exactly_as_a_new_request(backend):
+    request = backend.Request(1, [1, 2, 3, 4], beam_width=1, max_new_tokens=9)
+    request.add_new_token(5)
+    request.pause(10)  # a pause count, and a prompt longer than the original
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    request.seq_slot = 3
+    request.draft_tokens = [7, 8]
+    request.context_chunk_size = 2
+    request.block_tables[0].extend([1, 2])
+    request.block_tables[0].release_front(1)
+    view = request.get_tokens_view(0)
+    request.__init__(2, [9, 9], num_layer_groups=2)
+    assert observe(request) == observe(backend.Request(2, [9, 9], num_layer_groups=2))
+    assert view.tolist() == [1, 2, 3, 4, 5]
+    table = backend.BlockTable([1, 2, 3])
+    table.release_front(2)
+    table.__init__([4])
+    assert (table.tolist(), table.num_released) == ([4], 0)
+    with pytest.raises(ValueError, match=r"beam_width 0|beam_width must be >= 1"):
+        request.__init__(3, [1], beam_width=0)
+    assert observe(request) == observe(backend.Request(2, [9, 9], num_layer_groups=2))
+
+
+def test_13_reinit_between_reports_keeps_the_mirror_right(backend):
+    manager = SchedulerOutputManager()
+    request = backend.Request(1, [1, 2, 3])
+    request.block_tables[0].extend([5, 6])
+    manager.build_scheduler_output([request], [])
+    request.__init__(1, [4])
+    (data,) = manager.build_scheduler_output([request], []).cached_requests
+    assert (data.num_replaced_tokens, data.new_tokens) == (3, [4])
+    assert (data.num_replaced_blocks_by_group, data.new_block_ids) == ([2], [])
+
+
+@pytest.mark.parametrize("name", ["state", "seq_slot", "context_current_position", "context_chunk_size", "draft_tokens"])
+def test_14_deleting_a_settable_property_is_an_attribute_error(backend, name):
+    request = backend.Request(1, [1, 2, 3])
+    before = observe(request)
+    with pytest.raises(AttributeError, match=f"property '{name}' of 'Request' object has no deleter"):
+        delattr(request, name)
+    assert observe(request) == before
+
+
+def test_14_deleting_a_block_table_entry_is_a_type_error(backend):
+    table = backend.BlockTable([1, 2, 3])
+    with pytest.raises(TypeError, match="BlockTable entries cannot be deleted: use truncate"):
+        del table[0]
+    assert table.tolist() == [1, 2, 3]
+
+
+def test_setitem_rechecks_the_position_after_converting_the_block_id(backend):
+    table = backend.BlockTable([1, 2, 3])
+
+    class Shrinking:
+        def __index__(self):
+            table.truncate(1)
+            return 9
+
+    with pytest.raises(IndexError, match="block table index 2 is out of range for 1 blocks"):
+        table[2] = Shrinking()
+    assert table.tolist() == [1]
+
+
+def test_2_a_second_thread_is_refused_while_the_first_consumes_its_generator(backend):
+    """Thread A's prepare is inside its busy guard while it consumes a generator that
+    blocks; thread B's prepare on the same buffers is refused, and A's result is exact."""
+    import threading
+
+    buffers = HostBuffers(64, 8)
+    first = [backend.Request(i, [i, i + 1]) for i in range(2)]
+    other = backend.Request(9, [5, 6, 7])
+    for request in first + [other]:
+        request.state = RequestState.GENERATION_IN_PROGRESS
+    inside, release, results = threading.Event(), threading.Event(), {}
+
+    def blocking_generator():
+        yield first[0]
+        inside.set()
+        release.wait(10)
+        yield first[1]
+
+    def thread_a():
+        results["a"] = prepare_inputs([], blocking_generator(), out=buffers).input_ids.tolist()
+
+    worker = threading.Thread(target=thread_a)
+    worker.start()
+    assert inside.wait(10)
+    with pytest.raises(RuntimeError, match="in use by another thread"):
+        prepare_inputs([], [other], out=buffers)
+    release.set()
+    worker.join()
+    assert results["a"] == [1, 2]

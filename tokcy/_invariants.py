@@ -1,0 +1,171 @@
+"""The invariants of ``Request`` and ``BlockTable``, checked wherever state enters.
+
+Both backends call these functions from their constructors and restore paths (pickles
+of either backend, ``restore_request``, ``restore_block_table``, ``Request._from_state``),
+so a bad value raises the same ValueError / TypeError, naming the field, before anything
+is created. ``docs/invariants.md`` is the written-down list; the hot loops rely on it and
+re-check, at their boundary, what each copy needs.
+"""
+
+from tokcy._state import RequestState
+from tokcy._tokens import INT32_MAX, as_index, as_int32_array
+
+MAX_BEAM_WIDTH = 1024
+MAX_LAYER_GROUPS = 1024
+MAX_TOKENS = INT32_MAX  # positions and prompt lengths travel as int32
+MAX_PAUSES = 2**62  # pause() counts up: a restored count leaves room to never overflow int64
+
+REQUEST_FIELDS = (
+    "request_id",
+    "beams",
+    "dirty_from",
+    "prompt_len",
+    "orig_prompt_len",
+    "max_new_tokens",
+    "state",
+    "seq_slot",
+    "context_current_position",
+    "context_chunk_size",
+    "draft_tokens",
+    "block_tables",
+    "num_pauses",
+    "dict",
+)
+
+
+def _bounded(value, name, low, high):
+    number = as_index(value, name)
+    if not low <= number <= high:
+        raise ValueError(f"{name} {number} is outside [{low}, {high}]")
+    return number
+
+
+def _count(value, name, maximum):
+    number = as_index(value, name)
+    if number < 1:
+        raise ValueError(f"{name} must be >= 1, got {number}")
+    if number > maximum:
+        raise ValueError(f"{name} {number} exceeds the maximum of {maximum}")
+    return number
+
+
+def check_beam_width(value):
+    """``beam_width`` as an int in [1, MAX_BEAM_WIDTH]."""
+    return _count(value, "beam_width", MAX_BEAM_WIDTH)
+
+
+def check_num_layer_groups(value):
+    """``num_layer_groups`` as an int in [1, MAX_LAYER_GROUPS]."""
+    return _count(value, "num_layer_groups", MAX_LAYER_GROUPS)
+
+
+def check_prompt(tokens):
+    """A new request's validated prompt array: at most MAX_TOKENS tokens."""
+    if len(tokens) > MAX_TOKENS:
+        raise ValueError(f"prompt holds {len(tokens)} tokens, above {MAX_TOKENS}")
+    return tokens
+
+
+def check_change_mark(name, mark, size):
+    """A restored change mark (lowest position changed since the connector's last read):
+    an int in [0, size]. The one place a restored mark is validated."""
+    return _bounded(mark, name, 0, size)
+
+
+def _owned_sequence(value, name):
+    """A caller's sequence copied into a tuple once, so later checks see what is used."""
+    if isinstance(value, (str, bytes, bytearray, dict)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{name} must be a sequence, not {type(value).__name__}")
+    return tuple(value)
+
+
+def checked_block_table(block_ids, num_released, dirty_from):
+    """Validated (ids array, num_released, dirty_from) of a restored BlockTable: the first
+    ``num_released`` ids are -1 (released), the others >= 0, the mark in [0, len]."""
+    ids = as_int32_array(block_ids, "block_ids")
+    released = _bounded(num_released, "num_released", 0, len(ids))
+    if released and (ids[:released] != -1).any():
+        raise ValueError(f"block_ids: the first {released} entries are released and must read -1")
+    if (ids[released:] < 0).any():
+        bad = int(ids[released:][ids[released:] < 0][0])
+        raise ValueError(f"block_ids: block id {bad} is negative")
+    return ids, released, check_change_mark("dirty_from", dirty_from, len(ids))
+
+
+def _optional(value, name, low, high):
+    return None if value is None else _bounded(value, name, low, high)
+
+
+def checked_request_state(state):
+    """A validated copy of a Request's plain state (the dict ``__reduce__`` makes).
+
+    Token lists become owned int32 arrays, block tables ``(ids, released, mark)`` triples;
+    ValueError / TypeError name the first field that breaks an invariant.
+    """
+    if not isinstance(state, dict):
+        raise TypeError(f"Request state must be a dict, not {type(state).__name__}")
+    missing = [name for name in REQUEST_FIELDS if name not in state]
+    if missing:
+        raise ValueError(f"Request state lacks the field(s) {', '.join(missing)}")
+    raw = {name: state[name] for name in REQUEST_FIELDS}  # read each field once
+    beams = _owned_sequence(raw["beams"], "beams")
+    if not 1 <= len(beams) <= MAX_BEAM_WIDTH:
+        raise ValueError(f"beams: {len(beams)} beams is outside [1, {MAX_BEAM_WIDTH}]")
+    beams = tuple(as_int32_array(tokens, f"beams[{beam}]") for beam, tokens in enumerate(beams))
+    for beam, tokens in enumerate(beams):
+        if len(tokens) > MAX_TOKENS:
+            raise ValueError(f"beams[{beam}] holds {len(tokens)} tokens, above {MAX_TOKENS}")
+    marks = _owned_sequence(raw["dirty_from"], "dirty_from")
+    if len(marks) != len(beams):
+        raise ValueError(f"dirty_from has {len(marks)} entries for {len(beams)} beams")
+    marks = tuple(check_change_mark(f"dirty_from[{b}]", mark, len(beams[b])) for b, mark in enumerate(marks))
+    prompt_len = _bounded(raw["prompt_len"], "prompt_len", 0, min(len(tokens) for tokens in beams))
+    position = _bounded(raw["context_current_position"], "context_current_position", 0, prompt_len)
+    tables = _owned_sequence(raw["block_tables"], "block_tables")
+    if len(tables) > MAX_LAYER_GROUPS:
+        raise ValueError(f"block_tables: {len(tables)} layer groups is above {MAX_LAYER_GROUPS}")
+    checked_tables = []
+    for group, table in enumerate(tables):
+        table = _owned_sequence(table, f"block_tables[{group}]")
+        if len(table) not in (2, 3):
+            raise ValueError(f"block_tables[{group}] must be (block_ids, num_released[, dirty_from])")
+        checked_tables.append(checked_block_table(table[0], table[1], table[2] if len(table) == 3 else 0))
+    extra = raw["dict"]
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"dict must be a dict or None, not {type(extra).__name__}")
+    return {
+        "request_id": as_index(raw["request_id"], "request_id"),
+        "beams": beams,
+        "dirty_from": marks,
+        "prompt_len": prompt_len,
+        "orig_prompt_len": _bounded(raw["orig_prompt_len"], "orig_prompt_len", 0, prompt_len),
+        "max_new_tokens": _optional(raw["max_new_tokens"], "max_new_tokens", 0, 2**63 - 1),
+        "state": checked_state(raw["state"]),
+        "seq_slot": _optional(raw["seq_slot"], "seq_slot", 0, INT32_MAX),
+        "context_current_position": position,
+        "context_chunk_size": _bounded(raw["context_chunk_size"], "context_chunk_size", 0, prompt_len - position),
+        "draft_tokens": as_int32_array(raw["draft_tokens"], "draft_tokens"),
+        "block_tables": tuple(checked_tables),
+        "num_pauses": _bounded(raw["num_pauses"], "num_pauses", 0, MAX_PAUSES),
+        "dict": extra,
+    }
+
+
+def checked_state(value):
+    """A RequestState member; ValueError for an int that names none."""
+    number = as_index(value, "state")
+    try:
+        return RequestState(number)
+    except ValueError:
+        raise ValueError(f"state must be a RequestState, got {value!r}") from None
+
+
+def no_deleter(obj, name):
+    """Deleting a settable property: the same AttributeError on both backends."""
+    raise AttributeError(f"property {name!r} of {type(obj).__name__!r} object has no deleter")
+
+
+def no_item_deletion(obj):
+    """``del table[i]``: the same TypeError on both backends."""
+    raise TypeError(f"{type(obj).__name__} entries cannot be deleted: use truncate() or release_front()")
+
