@@ -102,3 +102,32 @@ def test_device_table_slots(backend, problem):
 def test_preparer_needs_max_blocks_per_seq():
     with pytest.raises(ValueError, match="max_blocks_per_seq"):
         InputPreparer(8, 2, block_size=4)
+
+
+def test_a_failure_after_the_host_pass_resends_the_tables(backend):
+    """The host pass consumed the tables' changes, then the call failed (a device-token
+    slot past previous_new_tokens): the next call sends those tables whole."""
+    preparer = InputPreparer(16, 4, block_size=4, max_blocks_per_seq=4, max_slots=8)
+    decode = request(backend, 1, 5, [1, 2], slot=0)
+    waiting = request(backend, 2, 3, [3], slot=6)
+    preparer.prepare([], [decode])
+    decode.block_tables[0].append(9)
+    with pytest.raises(ValueError, match="out of range for previous_new_tokens"):
+        preparer.prepare([], [decode], device_token_requests=[waiting], previous_new_tokens=torch.zeros(4, dtype=torch.int32))
+    assert preparer.block_table[0, 0].tolist() == [1, 2, 0, 0]  # the device table was not touched
+    preparer.prepare([], [decode])
+    assert preparer.block_table[0, 0].tolist() == [1, 2, 9, 0]
+
+
+def test_a_plan_taken_over_by_another_writer_is_refused(backend):
+    holder = HostBuffers(16, 4, max_blocks_per_seq=4)
+    first, second = backend.InputWriter(), backend.InputWriter()
+    for writer in (first, second):
+        writer.bind(*holder.arrays)
+        writer.set_metadata(holder.metadata.bound(backend))
+    requests = [request(backend, 1, 5, [1, 2])]
+    first.plan([], requests, [], [], 0, None, 0, (4,))
+    second.plan([], requests, [], [], 0, None, 0, (4,))
+    with pytest.raises(RuntimeError, match="planned by another writer"):
+        first.write()
+    assert second.write()[3] == 1

@@ -163,7 +163,7 @@ class DeviceTableRows:
     num_groups: int
     width: int
     def __init__(self, max_slots: int, num_groups: int, width: int) -> None: ...
-    def row_state(self, group: int, slot: int) -> tuple[int, int, int]: ...
+    def forget(self) -> None: ...
 
 class AttentionMetadata:
     """The metadata outputs of an InputWriter and the per-step state of a device table."""
@@ -173,6 +173,7 @@ class AttentionMetadata:
     max_query_len: int
     max_kv_len: int
     longest_table: int
+    plan_serial: int
     def __init__(self) -> None: ...
     def bind(
         self,

@@ -89,12 +89,10 @@ cdef class DeviceTableRows:
         free(self.slot_seen)
         free(self.slot_request)
 
-    def row_state(self, Py_ssize_t group, Py_ssize_t slot):
-        """(stamp, entries sent, leading entries sent as -1) of one row (for tests)."""
-        if not 0 <= group < self.num_groups or not 0 <= slot < self.max_slots:
-            raise IndexError(f"row ({group}, {slot}) is outside {self.num_groups} x {self.max_slots}")
-        cdef Py_ssize_t row = group * self.max_slots + slot
-        return (self.row_stamps[row], self.row_lengths[row], self.row_released[row])
+    def forget(self):
+        """Forget what every row holds: the next step sends each scheduled table whole (after
+        a step whose changed entries were staged but never reached the device)."""
+        memset(self.row_stamps, 0, self.max_slots * self.num_groups * sizeof(int64_t))
 
 
 @cython.final
@@ -120,6 +118,8 @@ cdef class AttentionMetadata:
     cdef Py_ssize_t group_capacity, num_planned
     cdef Py_ssize_t total_live[MAX_LAYER_GROUPS]
     cdef int64_t total_kv
+    cdef readonly int64_t plan_serial
+    """Bumped by every begin() and release(): a writer checks at write() that the plan is still its own."""
     cdef readonly Py_ssize_t longest_table
     """The longest block table of the planned batch (its dense table's width, without out=)."""
     # the device block table (bind_device_table)
@@ -318,6 +318,7 @@ cdef class AttentionMetadata:
 
     cdef void release(self) noexcept:
         cdef Py_ssize_t index
+        self.plan_serial += 1
         for index in range(self.num_planned * self.num_groups):
             Py_XDECREF(self.groups[index].storage_owner)
             Py_XDECREF(self.groups[index].buffer_owner)

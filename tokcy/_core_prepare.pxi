@@ -214,6 +214,7 @@ cdef class InputWriter:
     cdef bint _planned, _busy
     cdef AttentionMetadata _metadata    # set_metadata(); None: no metadata outputs
     cdef AttentionMetadata _meta        # the planned call's: _metadata with block sizes, else None
+    cdef int64_t _meta_serial           # _meta.plan_serial after this writer planned it
     # the bound outputs
     cdef Outputs _out
     cdef tuple _arrays
@@ -372,6 +373,7 @@ cdef class InputWriter:
             meta.configure(block_sizes)
             meta.begin(len(contexts) + len(generations) + len(first_drafts) + len(devices))
             self._meta = meta
+            self._meta_serial = meta.plan_serial
         self._num_context_tokens = 0
         self._num_tokens = 0
         self._num_gather = 0
@@ -565,6 +567,9 @@ cdef class InputWriter:
             if self._num_device > self._cap_device:
                 _checks.over_capacity("device-token rows", self._num_device, self._cap_device)
             if self._meta is not None:
+                if self._meta.plan_serial != self._meta_serial:  # re-bound, or planned by another writer
+                    self._meta = None
+                    _checks.metadata_replanned()
                 self._meta.check_capacity(self._num_tokens, padded)
                 if self._meta.has_device_table:
                     self._meta.plan_deltas(self._num_tokens)  # consumes the tables' marks: nothing fails after it

@@ -166,3 +166,7 @@ def kv_too_long(total):
 
 def device_table_needs_prepare():
     raise RuntimeError("with a device block table, use InputWriter.prepare() (plan and write in one call)")
+
+
+def metadata_replanned():
+    raise RuntimeError("the attention metadata was re-bound or planned by another writer since plan(): plan again")

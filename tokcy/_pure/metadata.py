@@ -54,12 +54,10 @@ class DeviceTableRows:
         self.row_lengths = [0] * rows
         self.row_released = [0] * rows
 
-    def row_state(self, group, slot):
-        """(stamp, entries sent, leading entries sent as -1) of one row (for tests)."""
-        if not 0 <= group < self.num_groups or not 0 <= slot < self.max_slots:
-            raise IndexError(f"row ({group}, {slot}) is outside {self.num_groups} x {self.max_slots}")
-        row = group * self.max_slots + slot
-        return (self.row_stamps[row], self.row_lengths[row], self.row_released[row])
+    def forget(self):
+        """Forget what every row holds: the next step sends each scheduled table whole (after
+        a step whose changed entries were staged but never reached the device)."""
+        self.row_stamps[:] = [0] * len(self.row_stamps)
 
 
 class AttentionMetadata:
@@ -74,6 +72,7 @@ class AttentionMetadata:
         self.max_query_len = 0
         self.max_kv_len = 0
         self.longest_table = 0
+        self.plan_serial = 0  # bumped by every begin() and release(): see InputWriter.write
         self._planned = []
 
     def bind(self, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
@@ -196,6 +195,7 @@ class AttentionMetadata:
         return entry
 
     def release(self):
+        self.plan_serial += 1
         self._planned = []
 
     def check_capacity(self, num_tokens, padded):

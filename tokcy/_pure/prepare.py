@@ -103,6 +103,7 @@ class InputWriter:
             meta = self._metadata
             meta.configure(block_sizes)
             meta.begin(sum(len(group) for group in groups))
+            self._meta_serial = meta.plan_serial
         self._meta = meta
         plan_sequence = meta.plan_sequence if meta is not None else (lambda request, pos0, seq_len: None)
         seen = set()
@@ -236,6 +237,9 @@ class InputWriter:
             _checks.over_capacity("device-token rows", num_device, self._cap_device)
         meta = self._meta
         if meta is not None:
+            if meta.plan_serial != self._meta_serial:  # re-bound, or planned by another writer
+                self._meta = None
+                _checks.metadata_replanned()
             meta.check_capacity(num_tokens, padded)
             if meta.has_device_table:
                 meta.plan_deltas(num_tokens)  # consumes the tables' marks: nothing fails after it

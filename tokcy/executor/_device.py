@@ -258,30 +258,35 @@ class InputPreparer:
                               device_token_requests=device_token_requests, max_draft_len=self.max_draft_len,
                               cuda_graph_batch_sizes=cuda_graph_batch_sizes, out=self._host[slot],
                               block_sizes=self.block_sizes)
-        count = len(host.device_token_slots)
-        if count and int(host.device_token_slots.max()) >= previous.shape[0]:
-            # checked before the copy: a failed call leaves the device tensors as they were
-            bad = int(host.device_token_slots.max())
-            raise ValueError(f"seq_slot {bad} is out of range for previous_new_tokens of {previous.shape[0]} slots")
-        self._next = (slot + 1) % len(self._staging)
-        used = self._input_ids_end + host.num_tokens
-        num_changed = 0
-        if self.block_sizes is not None:
-            num_changed = self._host[slot].metadata.bound().num_changed_entries
-            used += 2 * num_changed
-        self._device_packed[:used].copy_(self._staging[slot][:used], non_blocking=self.is_cuda)
-        self.last_copy_bytes = used * 4
-        if self._events is not None:
-            # the copy runs on the inputs' device's current stream: fence that stream
-            self._events[slot].record(torch.cuda.current_stream(self._device_packed.device))
-            self._recorded[slot] = True
-        if count:
-            start = host.device_token_row_start
-            tokens = previous.index_select(0, self._view("device_token_slots", count))
-            self.tensors["input_ids"][start : start + count].copy_(tokens)
-        inputs = DeviceInputs(self, host)
-        if self.block_sizes is not None:
-            self._device_metadata(inputs, host, num_changed)
+        try:
+            count = len(host.device_token_slots)
+            if count and int(host.device_token_slots.max()) >= previous.shape[0]:
+                # checked before the copy: a failed call leaves the device tensors as they were
+                bad = int(host.device_token_slots.max())
+                raise ValueError(f"seq_slot {bad} is out of range for previous_new_tokens of {previous.shape[0]} slots")
+            self._next = (slot + 1) % len(self._staging)
+            used = self._input_ids_end + host.num_tokens
+            num_changed = 0
+            if self.block_sizes is not None:
+                num_changed = self._host[slot].metadata.bound().num_changed_entries
+                used += 2 * num_changed
+            self._device_packed[:used].copy_(self._staging[slot][:used], non_blocking=self.is_cuda)
+            self.last_copy_bytes = used * 4
+            if self._events is not None:
+                # the copy runs on the inputs' device's current stream: fence that stream
+                self._events[slot].record(torch.cuda.current_stream(self._device_packed.device))
+                self._recorded[slot] = True
+            if count:
+                start = host.device_token_row_start
+                tokens = previous.index_select(0, self._view("device_token_slots", count))
+                self.tensors["input_ids"][start : start + count].copy_(tokens)
+            inputs = DeviceInputs(self, host)
+            if self.block_sizes is not None:
+                self._device_metadata(inputs, host, num_changed)
+        except BaseException:
+            if self.device_table is not None:  # the host consumed the tables' changes: resend them whole
+                self.device_table.rows().forget()
+            raise
         return inputs
 
     def _device_metadata(self, inputs, host, num_changed):
