@@ -83,7 +83,8 @@ def test_block_size_without_metadata_outputs(backend):
 def test_device_table_slots(backend, problem):
     preparer = InputPreparer(16, 4, block_size=4, max_blocks_per_seq=4, max_slots=4)
     first = request(backend, 1, 5, [1, 2], slot=0)
-    second = request(backend, 2, 5, [3, 4], slot={"no slot": None, "slot out of range": 4, "same slot twice": 0}[problem])
+    slot = {"no slot": None, "slot out of range": 4, "same slot twice": 0}[problem]
+    second = request(backend, 2, 5, [3, 4], slot=slot)
     message = {
         "no slot": "request 2 has no seq_slot; the device block table is indexed by it",
         "slot out of range": "request 2 has seq_slot 4, outside the device block table's max_slots 4",
@@ -113,7 +114,8 @@ def test_a_failure_after_the_host_pass_resends_the_tables(backend):
     preparer.prepare([], [decode])
     decode.block_tables[0].append(9)
     with pytest.raises(ValueError, match="out of range for previous_new_tokens"):
-        preparer.prepare([], [decode], device_token_requests=[waiting], previous_new_tokens=torch.zeros(4, dtype=torch.int32))
+        preparer.prepare([], [decode], device_token_requests=[waiting],
+                         previous_new_tokens=torch.zeros(4, dtype=torch.int32))
     assert preparer.block_table[0, 0].tolist() == [1, 2, 0, 0]  # the device table was not touched
     preparer.prepare([], [decode])
     assert preparer.block_table[0, 0].tolist() == [1, 2, 9, 0]

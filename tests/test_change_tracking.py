@@ -34,7 +34,8 @@ def apply(mirror, output):
     """The block ids of group 0 after a report's cached delta."""
     for data in output.cached_requests:
         replaced = int(data.num_replaced_blocks_by_group[0])
-        mirror = np.concatenate([mirror[: len(mirror) - replaced], np.asarray(data.new_block_ids_by_group[0], dtype=np.int32)])
+        new = np.asarray(data.new_block_ids_by_group[0], dtype=np.int32)
+        mirror = np.concatenate([mirror[: len(mirror) - replaced], new])
     return mirror
 
 

@@ -147,8 +147,8 @@ def test_random_runs(backend, block_sizes):
 
 
 def decode_bytes(module, context_len, batch, steps, block_size=16):
-    preparer = InputPreparer(batch, batch, block_size=block_size, max_blocks_per_seq=-(-(context_len + steps + 1) // block_size),
-                             max_slots=batch)
+    width = -(-(context_len + steps + 1) // block_size)
+    preparer = InputPreparer(batch, batch, block_size=block_size, max_blocks_per_seq=width, max_slots=batch)
     requests = []
     for request_id in range(batch):
         request = module.Request(request_id, np.zeros(context_len, dtype=np.int32))

@@ -105,7 +105,9 @@ MAX_BLOCK_SIZE = 2**31 - 1
 
 
 def bad_block_sizes(value):
-    raise ValueError(f"block_sizes must be a tuple of integers in [1, {MAX_BLOCK_SIZE}], one per layer group, got {value!r}")
+    raise ValueError(
+        f"block_sizes must be a tuple of integers in [1, {MAX_BLOCK_SIZE}], one per layer group, got {value!r}"
+    )
 
 
 def too_many_groups(num_groups, capacity):
@@ -153,7 +155,9 @@ def no_table_slot(request_id):
 
 
 def table_slot_out_of_range(request_id, slot, max_slots):
-    raise ValueError(f"request {request_id} has seq_slot {slot}, outside the device block table's max_slots {max_slots}")
+    raise ValueError(
+        f"request {request_id} has seq_slot {slot}, outside the device block table's max_slots {max_slots}"
+    )
 
 
 def duplicate_table_slot(slot, first_request_id, second_request_id):

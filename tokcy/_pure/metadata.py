@@ -96,7 +96,8 @@ class AttentionMetadata:
         self.release()
         self.width = max_blocks_per_seq
         self.kv_lens, self.cu_kv_seqlens = kv_lens, cu_kv_seqlens
-        self.slot_mapping, self.kv_indptr, self.kv_last_page_len = tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len)
+        self.slot_mapping, self.kv_indptr = tuple(slot_mapping), tuple(kv_indptr)
+        self.kv_last_page_len = tuple(kv_last_page_len)
         self.block_table = None if block_table is None else tuple(block_table)
         self.kv_indices = None if kv_indices is None else tuple(kv_indices)
         self.cap_tokens = min(len(array) for array in slot_mapping)
@@ -269,7 +270,8 @@ class AttentionMetadata:
             for seq, ((_, plans), start, seq_len, row) in enumerate(sequences):
                 plan = plans[group]
                 positions = np.arange(start, start + seq_len, dtype=np.int64)
-                slots[row : row + seq_len] = plan.blocks[positions // block_size] * np.int64(block_size) + positions % block_size
+                blocks = plan.blocks[positions // block_size].astype(np.int64)
+                slots[row : row + seq_len] = blocks * block_size + positions % block_size
                 kv_len = start + seq_len
                 num_blocks = -(-kv_len // block_size)
                 first_live = min(plan.num_released, num_blocks)
@@ -280,7 +282,8 @@ class AttentionMetadata:
                     dense = self.block_table[group][seq]
                     dense[:num_blocks] = plan.blocks[:num_blocks]
                     dense[num_blocks:] = 0
-                    self.kv_indices[group][offset : offset + num_blocks - first_live] = plan.blocks[first_live:num_blocks]
+                    live = plan.blocks[first_live:num_blocks]
+                    self.kv_indices[group][offset : offset + len(live)] = live
             # padding: one row each, no KV written, no blocks
             slots[num_tokens - (padded - count) : num_tokens] = -1
             indptr[count + 1 : padded + 1] = indptr[count]

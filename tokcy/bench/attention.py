@@ -14,6 +14,9 @@ Implementations (seconds of host work per step):
   on a GPU; on a CPU it is CPU work, so while timing the host step it is replaced by a
   stub (``DeviceBlockTable.apply``) and timed on its own: the ``device-side`` note;
 * ``prepare_inputs``: today's ``prepare_inputs`` alone (tokens, no metadata), the goal's yardstick;
+* ``preparer``: ``InputPreparer.prepare`` without a block size (tokens only, staged and
+  copied): the same Python and copy overhead as ``tokcy``, so ``tokcy / preparer`` is what
+  the metadata adds;
 * ``small_engine``: (a) the small-engine pattern: per request the block table as a Python
   list, slot and lengths in Python, the tables padded per step, new tensors per step;
 * ``vllm``: (b) the vLLM pattern: a persistent numpy ``[requests, max_blocks]`` table
@@ -189,12 +192,13 @@ class Attention(Scenario):
     name = "attention"
     title = "Attention metadata: host work of a decode step, 256 requests of L tokens"
     columns = (("seq_len", "L (tokens)"), ("block_size", "block"), ("groups", "groups"))
-    implementations = ("tokcy", "prepare_inputs", "small_engine", "vllm")
+    implementations = ("tokcy", "prepare_inputs", "preparer", "small_engine", "vllm")
     needs = ("torch", "tokcy.executor")
     legend = (
         "tokcy: InputPreparer.prepare with a block size (tokens + slot mapping + KV lengths + CSR offsets, changed "
         "block-table entries staged, one packed copy); device-side scatter/gather stubbed out and timed apart",
-        "prepare_inputs: today's token inputs alone; small_engine: (a) padded Python lists + new tensors per step; "
+        "prepare_inputs: today's token inputs alone; preparer: InputPreparer.prepare without a block size; "
+        "small_engine: (a) padded Python lists + new tensors per step; "
         "vllm: (b) persistent numpy table, numpy slots, full rows copied per step",
         "goals: tokcy within 1.5x of prepare_inputs; at L=131,072 block 16, >= 5x vs vllm and >= 20x vs "
         "small_engine; flat in L; bytes/step independent of L; host tables >= half a numpy copy's bandwidth",
@@ -209,7 +213,7 @@ class Attention(Scenario):
         return f"L={config['seq_len']:,} block={config['block_size']} groups={config['groups']}"
 
     def run(self, config, backend, plan):
-        from tokcy.executor import HostBuffers, prepare_inputs
+        from tokcy.executor import HostBuffers, InputPreparer, prepare_inputs
 
         world = World(backend, config["seq_len"], config["block_size"], config["groups"],
                       batch=64 if config["seq_len"] <= 64 else BATCH)
@@ -217,9 +221,11 @@ class Attention(Scenario):
         small_step, small_bytes = small_engine(world)
         vllm_step, vllm_bytes = vllm(world)
         plain = HostBuffers(len(world.requests), len(world.requests))
+        tokens_only = InputPreparer(len(world.requests), len(world.requests))
         steps = {
             "tokcy": tokcy_step,
             "prepare_inputs": lambda: (world.touch(), prepare_inputs([], world.requests, out=plain)),
+            "preparer": lambda: (world.touch(), tokens_only.prepare([], world.requests)),
             "small_engine": small_step,
             "vllm": vllm_step,
         }
@@ -237,7 +243,7 @@ class Attention(Scenario):
                    timings={name: t.as_dict() for name, t in timings.items()}, note=note)
 
     def plot_series(self, rows):
-        return super().plot_series([row for row in rows if row.config["block_size"] == 16 and row.config["groups"] == 1])
+        return super().plot_series([row for row in rows if (row.config["block_size"], row.config["groups"]) == (16, 1)])
 
 
 SCENARIO = Attention()

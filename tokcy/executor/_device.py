@@ -15,7 +15,6 @@ runs with CPU tensors, no pinning and no events. torch is imported when an
 
 import numpy as np
 
-from tokcy import _backend
 from tokcy.executor._host import (
     ARRAY_FIELDS,
     COUNT_FIELDS,
@@ -24,7 +23,7 @@ from tokcy.executor._host import (
     capacity_lengths,
     prepare_inputs,
 )
-from tokcy.executor._metadata import METADATA_FIELDS, LayerGroupInputs, MetadataBuffers, block_sizes_arg
+from tokcy.executor._metadata import METADATA_FIELDS, LayerGroupInputs, block_sizes_arg, set_fields
 
 # Packed order: per-sequence arrays first, token-sized arrays last, input_ids at the end.
 _PACKED_ORDER = (
@@ -305,17 +304,8 @@ class InputPreparer:
                 block_size=block_size, slot_mapping=self._packed_view(f"slot_mapping/{group}", num_tokens),
                 block_table=dense, kv_indptr=indptrs[group], kv_indices=indices,
                 kv_last_page_len=self._packed_view(f"kv_last_page_len/{group}", padded)))
-        first = groups[0]
-        inputs.kv_lens = kv_lens
-        inputs.cu_kv_seqlens = self._packed_view("cu_kv_seqlens", padded + 1)
-        inputs.max_query_len = host.max_query_len
-        inputs.max_kv_len = host.max_kv_len
-        inputs.slot_mapping = first.slot_mapping
-        inputs.block_table = first.block_table
-        inputs.kv_indptr = first.kv_indptr
-        inputs.kv_indices = first.kv_indices
-        inputs.kv_last_page_len = first.kv_last_page_len
-        inputs.groups = tuple(groups)
+        set_fields(inputs, kv_lens, self._packed_view("cu_kv_seqlens", padded + 1), host.max_query_len,
+                   host.max_kv_len, groups)
 
     def _packed_view(self, name, length):
         """A metadata field of the device packed buffer, ``[:length]``, cached by length."""

@@ -135,7 +135,8 @@ class HostBuffers:
         max_draft_len = _count(max_draft_len, "max_draft_len")
         metadata = None
         if max_blocks_per_seq is not None:
-            metadata = MetadataBuffers(max_num_tokens, max_batch_size, _count(max_blocks_per_seq, "max_blocks_per_seq", 1),
+            metadata = MetadataBuffers(max_num_tokens, max_batch_size,
+                                       _count(max_blocks_per_seq, "max_blocks_per_seq", 1),
                                        _count(num_layer_groups, "num_layer_groups", 1))
         arrays = capacity_lengths(max_num_tokens, max_batch_size, max_draft_len)
         arrays = {

@@ -118,14 +118,17 @@ def attach(target, buffers, results, block_sizes, num_tokens, padded):
             kv_indices=None if indices is None else indices[group][: num_indices[group]],
             kv_last_page_len=buffers.kv_last_page_len[group][:padded],
         ))
+    set_fields(target, buffers.kv_lens[:padded], buffers.cu_kv_seqlens[: padded + 1], max_query_len, max_kv_len,
+               groups)
+
+
+def set_fields(target, kv_lens, cu_kv_seqlens, max_query_len, max_kv_len, groups):
+    """The metadata attributes of ``target``: the per-batch ones, ``groups`` and group 0's arrays."""
     first = groups[0]
-    target.kv_lens = buffers.kv_lens[:padded]
-    target.cu_kv_seqlens = buffers.cu_kv_seqlens[: padded + 1]
+    target.kv_lens = kv_lens
+    target.cu_kv_seqlens = cu_kv_seqlens
     target.max_query_len = max_query_len
     target.max_kv_len = max_kv_len
-    target.slot_mapping = first.slot_mapping
-    target.block_table = first.block_table
-    target.kv_indptr = first.kv_indptr
-    target.kv_indices = first.kv_indices
-    target.kv_last_page_len = first.kv_last_page_len
+    for name in GROUP_FIELDS[1:]:
+        setattr(target, name, getattr(first, name))
     target.groups = tuple(groups)
