@@ -394,7 +394,8 @@ cdef class ReportState:
             try:
                 # pass 1 (with the GIL): validate the whole batch and plan the copies. Sizes
                 # and low-water marks are read here, once: the report is the state at plan
-                # time. Nothing is committed. The jobs' buffer/data/dirty pointers are
+                # time. Nothing is committed but the connector's marks, consumed as each row
+                # is planned (restore_marks() below if the call fails). The jobs' buffer/data/dirty pointers are
                 # borrowed: this loop runs no Python code and drops no reference (errors
                 # abort it), so nothing it points into can change or be freed before
                 # _hold_jobs below owns it.

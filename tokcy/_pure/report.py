@@ -92,7 +92,8 @@ class ReportState:
         return self._commit(fresh, rows)
 
     def _plan(self, groups, fresh, seen, rows, consumed):
-        # pass 1: validate the whole batch and plan the copies; nothing is changed. Each
+        # pass 1: validate the whole batch and plan the copies; nothing is changed but the
+        # connector's marks, consumed as read (put back by _build if this fails). Each
         # buffer's storage array and size are taken here, once: a request mutated by another
         # thread during the report is reported as it was at plan time (the caller's race).
         for kind, items in enumerate(groups):
