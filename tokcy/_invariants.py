@@ -67,8 +67,9 @@ def check_prompt(tokens):
 
 
 def check_change_mark(name, mark, size):
-    """A restored change mark (lowest position changed since the connector's last read):
-    an int in [0, size]. The one place a restored mark is validated."""
+    """A restored change mark (lowest position changed since a reader's last read: the
+    connector's or the device block table's): an int in [0, size]. The one place a
+    restored mark is validated."""
     return _bounded(mark, name, 0, size)
 
 
@@ -79,9 +80,10 @@ def _owned_sequence(value, name):
     return tuple(value)
 
 
-def checked_block_table(block_ids, num_released, dirty_from):
-    """Validated (ids array, num_released, dirty_from) of a restored BlockTable: the first
-    ``num_released`` ids are -1 (released), the others >= 0, the mark in [0, len]."""
+def checked_block_table(block_ids, num_released, dirty_from, table_dirty_from=0):
+    """Validated (ids array, num_released, dirty_from, table_dirty_from) of a restored
+    BlockTable: the first ``num_released`` ids are -1 (released), the others >= 0, both
+    readers' marks in [0, len]."""
     ids = as_int32_array(block_ids, "block_ids")
     released = _bounded(num_released, "num_released", 0, len(ids))
     if released and (ids[:released] != -1).any():
@@ -89,7 +91,8 @@ def checked_block_table(block_ids, num_released, dirty_from):
     if (ids[released:] < 0).any():
         bad = int(ids[released:][ids[released:] < 0][0])
         raise ValueError(f"block_ids: block id {bad} is negative")
-    return ids, released, check_change_mark("dirty_from", dirty_from, len(ids))
+    return (ids, released, check_change_mark("dirty_from", dirty_from, len(ids)),
+            check_change_mark("table_dirty_from", table_dirty_from, len(ids)))
 
 
 def _optional(value, name, low, high):
@@ -127,9 +130,9 @@ def checked_request_state(state):
     checked_tables = []
     for group, table in enumerate(tables):
         table = _owned_sequence(table, f"block_tables[{group}]")
-        if len(table) not in (2, 3):
-            raise ValueError(f"block_tables[{group}] must be (block_ids, num_released[, dirty_from])")
-        checked_tables.append(checked_block_table(table[0], table[1], table[2] if len(table) == 3 else 0))
+        if len(table) not in (2, 3, 4):
+            raise ValueError(f"block_tables[{group}] must be (block_ids, num_released[, dirty_from[, table_dirty_from]])")
+        checked_tables.append(checked_block_table(*table))
     extra = raw["dict"]
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(f"dict must be a dict or None, not {type(extra).__name__}")

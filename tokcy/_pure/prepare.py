@@ -9,6 +9,7 @@ the cost is O(batch + emitted tokens), never O(sequence length).
 import numpy as np
 
 from tokcy import _prepare_checks as _checks
+from tokcy._pure.metadata import AttentionMetadata
 from tokcy._pure.request import Request
 from tokcy._state import RequestState
 from tokcy._tokens import INT32_MAX, as_index
@@ -46,6 +47,8 @@ class InputWriter:
         self._arrays = None
         self._plan_state = None
         self._busy = False
+        self._metadata = None
+        self._meta = None  # the planned call's metadata (None: no block sizes)
         self.tokens_copied = 0
 
     def _enter(self):
@@ -53,6 +56,16 @@ class InputWriter:
         if self._busy:
             _checks.busy()
         self._busy = True
+
+    def set_metadata(self, metadata):
+        """Attention-metadata outputs (None: none), filled by calls that give block sizes."""
+        if self._busy:
+            _checks.busy()
+        if metadata is not None and not isinstance(metadata, AttentionMetadata):
+            raise TypeError(f"Argument 'metadata' has incorrect type (expected "
+                            f"tokcy._pure.metadata.AttentionMetadata, got {type(metadata).__name__})")
+        self._plan_state = None
+        self._metadata = metadata
 
     def bind(self, input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
              cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots):
@@ -78,18 +91,19 @@ class InputWriter:
 
     # ------------------------------------------------------------------ pass 1
     def plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-             max_draft_len, cuda_graph_batch_sizes, max_beam_width):
+             max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes=None):
         """Pass 1: validate the batch and return the sizes it needs: (token rows, gathered
-        rows, sequences incl. padding, draft tokens, draft requests, device-token rows)."""
+        rows, sequences incl. padding, draft tokens, draft requests, device-token rows).
+        With ``block_sizes``, ``planned_blocks()`` then gives the metadata's sizes."""
         self._enter()
         try:
             return self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                              max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+                              max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
         finally:
             self._busy = False
 
     def _plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-              max_draft_len, cuda_graph_batch_sizes, max_beam_width):
+              max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes):
         # the compiled twin's order: its typed limits convert first, then the groups and sizes
         max_draft_len = as_index(max_draft_len)
         max_beam_width = as_index(max_beam_width)
@@ -102,6 +116,16 @@ class InputWriter:
         context_requests, generation_requests, first_draft_requests, device_token_requests = groups
         batch_sizes = _checks.owned_batch_sizes(cuda_graph_batch_sizes)
         self._plan_state = None
+        meta = None
+        if block_sizes is not None:
+            if self._metadata is None:
+                _checks.metadata_not_bound()
+            meta = self._metadata
+            meta.configure(block_sizes)
+            meta.begin(sum(len(group) for group in groups))
+            self._meta_serial = meta.plan_serial
+        self._meta = meta
+        plan_sequence = meta.plan_sequence if meta is not None else (lambda request, pos0, seq_len: None)
         seen = set()
         # spec: (kind, source array, begin, ncopy, draft array, seq_len, pos0, cached, request id, prompt len, slot)
         context, drafted, first_draft, plain, device = [], [], [], [], []
@@ -116,7 +140,7 @@ class InputWriter:
             if start < 0 or start + chunk > item._beams[0].size:  # the copy's re-check
                 _checks.outside_buffer(request_id, start, chunk, item._beams[0].size)
             context.append((_CONTEXT, item._beams[0].storage, start, chunk, None, chunk, start, start,
-                            request_id, item._prompt_len, -1))
+                            request_id, item._prompt_len, -1, plan_sequence(item, start, chunk)))
             num_gather += 1
         for index, item in enumerate(generation_requests):
             request_id = _check_request(item, _checks.GENERATION, index, seen, _IN_PROGRESS)
@@ -132,9 +156,11 @@ class InputWriter:
                 if n == 0:
                     _checks.no_tokens(_checks.GENERATION, request_id, 0)
                 drafted.append((_DRAFT, beams[0].storage, n - 1, 1, drafts, 1 + k, n - 1, n - 1,
-                                request_id, item._prompt_len, -1))
+                                request_id, item._prompt_len, -1, plan_sequence(item, n - 1, 1 + k)))
                 num_gather += 1 + k
             else:
+                if meta is not None and len(beams) != 1:
+                    _checks.beams_with_block_size(request_id, len(beams))
                 if max_beam_width > 0 and len(beams) > max_beam_width:
                     _checks.too_many_beams(request_id, len(beams), max_beam_width)
                 for beam, buffer in enumerate(beams):
@@ -143,7 +169,9 @@ class InputWriter:
                 n = max(buffer.size for buffer in beams)
                 for buffer in beams:
                     plain.append((_PLAIN, buffer.storage, buffer.size - 1, 1, None, 1, n - 1, n - 1,
-                                  request_id, item._prompt_len, -1))
+                                  request_id, item._prompt_len, -1, None))
+                if meta is not None:  # one beam (checked above)
+                    plain[-1] = plain[-1][:11] + (plan_sequence(item, n - 1, 1),)
                 num_gather += len(beams)
         for index, item in enumerate(first_draft_requests):
             request_id = _check_request(item, _checks.FIRST_DRAFT, index, seen, _IN_PROGRESS)
@@ -154,7 +182,7 @@ class InputWriter:
                 _checks.no_tokens(_checks.FIRST_DRAFT, request_id, 0)
             start = max(0, n - max_draft_len - 1)
             first_draft.append((_FIRST_DRAFT, item._beams[0].storage, start, n - start, None, n - start, start,
-                                start, request_id, item._prompt_len, -1))
+                                start, request_id, item._prompt_len, -1, plan_sequence(item, start, n - start)))
             num_gather += 1
         for index, item in enumerate(device_token_requests):
             request_id = _check_request(item, _checks.DEVICE_TOKEN, index, seen, _IN_PROGRESS)
@@ -165,7 +193,8 @@ class InputWriter:
             if item._seq_slot is None:
                 _checks.missing_slot(request_id)
             n = item._beams[0].size
-            device.append((_DEVICE, None, 0, 0, None, 1, n, n, request_id, item._prompt_len, item._seq_slot))
+            device.append((_DEVICE, None, 0, 0, None, 1, n, n, request_id, item._prompt_len, item._seq_slot,
+                           plan_sequence(item, n, 1)))
             num_gather += 1
         specs = context + drafted + first_draft + plain + device
         num_padding = 0
@@ -196,9 +225,18 @@ class InputWriter:
         device-token rows). ValueError, before anything is written, if it does not fit."""
         self._enter()
         try:
+            if self._plan_state is not None and self._meta is not None and self._meta.has_device_table:
+                self._plan_state = None
+                _checks.device_table_needs_prepare()
             return self._write()
         finally:
             self._busy = False
+
+    def planned_blocks(self):
+        """After plan() with block sizes: (longest block table, kv_indices length per group)."""
+        if self._plan_state is None or self._meta is None:
+            return (0, ())
+        return (self._meta.longest_table, self._meta.results()[3])
 
     def _write(self):
         if self._plan_state is None:
@@ -222,6 +260,14 @@ class InputWriter:
             _checks.over_capacity("draft requests", num_draft_requests, self._cap_draft_requests)
         if num_device > self._cap_device:
             _checks.over_capacity("device-token rows", num_device, self._cap_device)
+        meta = self._meta
+        if meta is not None:
+            if meta.plan_serial != self._meta_serial:  # re-bound, or planned by another writer
+                self._meta = None
+                _checks.metadata_replanned()
+            meta.check_capacity(num_tokens, padded)
+            if meta.has_device_table:
+                meta.plan_deltas(num_tokens)  # consumes the tables' marks: nothing fails after it
         (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
          request_ids, draft_tokens, draft_lens, device_token_slots) = self._arrays
 
@@ -271,17 +317,23 @@ class InputWriter:
         if num_padding:
             input_ids[num_tokens - num_padding : num_tokens] = 0
         gather_ids[:num_gather] = gathered
+        if meta is not None:
+            meta.write([(spec[11], spec[6], spec[5], int(starts[index])) for index, spec in enumerate(specs)],
+                       num_tokens, padded)
+            meta.release()
         return (num_context, num_context_tokens, num_tokens - num_context_tokens - num_padding, num_tokens,
                 num_sequences, padded, device_row_start, num_gather, num_draft_tokens, num_draft_requests,
                 num_device)
 
     def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-                max_draft_len, cuda_graph_batch_sizes, max_beam_width):
-        """plan() then write(), in one call, under one busy guard."""
+                max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes=None):
+        """plan() then write(), in one call, under one busy guard. ``block_sizes``: a tuple,
+        one block size per layer group, to write the attention metadata too (``set_metadata``
+        first)."""
         self._enter()
         try:
             self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                       max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
             return self._write()
         finally:
             self._busy = False

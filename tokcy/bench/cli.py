@@ -17,7 +17,7 @@ import time
 from tokcy.bench import backends, floor, machine, report
 from tokcy.bench.timing import PLANS
 
-SCENARIOS = ("accessors", "executor", "executor_batch", "connector", "connector_batch", "memory")
+SCENARIOS = ("accessors", "executor", "executor_batch", "connector", "connector_batch", "memory", "attention")
 
 
 ON_REQUEST = ("soak",)  # run only when named with --scenario
