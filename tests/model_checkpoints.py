@@ -41,7 +41,12 @@ def config_for(name, **overrides):
 
 
 def randomize(model, seed):
-    """Weights of unit-scale activations: norms near 1, projections ~ 1/sqrt(fan in), small biases."""
+    """Weights of unit-scale activations: norms near 1, projections ~ 1/sqrt(fan in), small biases.
+
+    With tied embeddings the input embedding is also the LM head, so a large embedding makes
+    every token predict itself: there it is small and the layers' outputs are larger.
+    """
+    tied = model.config.tie_word_embeddings
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -51,9 +56,11 @@ def randomize(model, seed):
             elif name.endswith(".bias"):
                 parameter.copy_(0.2 * noise)
             elif name.endswith("embed_tokens.weight"):
-                parameter.copy_(noise)
+                parameter.copy_(noise * (0.1 if tied else 1.0))
             else:
-                parameter.copy_(noise * parameter.shape[1] ** -0.5 * (3.0 if name == "lm_head.weight" else 1.0))
+                gain = 3.0 if name == "lm_head.weight" or (tied and name.endswith(("o_proj.weight", "down_proj.weight"))) \
+                    else 1.0
+                parameter.copy_(noise * parameter.shape[1] ** -0.5 * gain)
     return model
 
 
