@@ -9,7 +9,6 @@ at the same dtype and on the same device.
 """
 
 import os
-import sys
 
 from tokcy.demo.workload import Workload, make_workload
 
@@ -80,7 +79,7 @@ def reference(args):
         f"transformers {transformers.__version__} generate(do_sample=False), one request at a time"
 
 
-def print_texts(args, workload, outputs, file=sys.stdout):
+def print_texts(args, workload, outputs):
     decode = tokenizer(args.model).decode
     for request_id, (text, prompt) in enumerate(zip(args.prompt, workload.prompts)):
-        print(f"[{request_id}] {text!r} -> {decode(list(outputs[request_id]))!r}", file=file)
+        print(f"[{request_id}] {text!r} -> {decode(list(outputs[request_id]))!r}")

@@ -30,6 +30,7 @@ def reference_model(source, *, device="cpu", dtype=torch.float32):
     """
     transformers = _transformers()
     if isinstance(source, (str, os.PathLike)):
+        transformers.utils.logging.disable_progress_bar()
         model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     else:
         model = source
