@@ -67,12 +67,13 @@ def test_paged_chunked_forward_equals_transformers_logits(backend, checkpoints, 
 
 
 def test_float32_forward_is_close_to_transformers_float32(backend, checkpoints):
-    reference, directory = checkpoints["llama3"]
+    from tokcy.demo.models.reference import reference_model
+
+    directory = checkpoints["llama3"][1]
     model = load_model(directory)  # float32 by default
     assert model.dtype == torch.float32
     tokens = list(range(5, 30))
-    expected = transformers_logits(reference.to(torch.float32), tokens)
-    reference.to(torch.float64)
+    expected = transformers_logits(reference_model(directory, dtype=torch.float32), tokens)
     config = model.config
     cache = ListKVCache(16 * BLOCK, BLOCK, config.num_layers, config.num_kv_heads, config.head_dim, torch.float32)
     logits = model.forward(step_inputs([(tokens, 0, list(range(8)))], BLOCK), cache)
