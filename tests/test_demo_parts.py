@@ -11,6 +11,7 @@ from tokcy.demo.kv_cache import PagedKVCache, PoolExhausted
 from tokcy.demo.model import ModelConfig, TinyTransformer
 from tokcy.demo.reference import full_forward
 from tokcy.demo.speculation import NgramIndex, accept, propose
+from tokcy.executor import InputPreparer
 
 torch.set_num_threads(1)
 
@@ -80,13 +81,11 @@ def test_pool_poison_fills_new_blocks_with_nan(backend):
     assert torch.isnan(keys[:4]).all() and not torch.isnan(keys[4:]).any()
 
 
-def test_slots_follow_the_block_table(backend):
-    cache = PagedKVCache(8, 4, 1, 1, 2)
-    slots = cache.slots([5, 2], torch.arange(6))
-    assert slots.tolist() == [20, 21, 22, 23, 8, 9]
-
-
 # ---------------------------------------------------------------------- model
+def cache_slot(request, position, block_size=4):
+    return request.block_tables[0][position // block_size] * block_size + position % block_size
+
+
 def test_paged_forward_in_chunks_equals_the_full_recompute(backend):
     """The model alone: a prompt fed in three uneven chunks through a scattered block table."""
     model = TinyTransformer(ModelConfig())
@@ -96,10 +95,15 @@ def test_paged_forward_in_chunks_equals_the_full_recompute(backend):
     cache.grow(request, 4)
     cache.grow(tokcy.Request(1, [0]), 4)  # someone else's block in between
     cache.grow(request, len(tokens))
+    preparer = InputPreparer(32, 2, block_size=4, max_blocks_per_seq=16, max_slots=2)
+    request.seq_slot = 1
     logits = None
     for begin, end in ((0, 5), (5, 17), (17, 23)):
-        logits = model.forward(torch.tensor(tokens[begin:end]), torch.arange(begin, end), [0, end - begin],
-                               [begin], [end - begin - 1], cache, [request.block_tables[0].view()])
+        request.context_current_position = begin
+        request.context_chunk_size = end - begin
+        inputs = preparer.prepare([request], [])
+        assert inputs.slot_mapping.tolist() == [cache_slot(request, position) for position in range(begin, end)]
+        logits = model.forward(inputs, cache)
     want = full_forward(model, tokens)
     assert torch.allclose(logits[0], want, rtol=0, atol=1e-12)
 

@@ -25,5 +25,6 @@ cdef int64_t INT32_MAX = 2147483647
 include "_core_buffer.pxi"
 include "_core_request.pxi"
 
+include "_core_metadata.pxi"
 include "_core_prepare.pxi"
 include "_core_report.pxi"

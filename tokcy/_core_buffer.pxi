@@ -1,8 +1,9 @@
 # The growable int32 buffer behind every token list and block table (compiled core).
-# Same algorithm as tokcy/_pure/buffer.py, which documents the three counters:
-# size (live entries), shared_end (views may show storage[:shared_end]; writing below it
-# copies first) and dirty_from (lowest position written or dropped since the connector
-# last read the buffer).
+# Same algorithm as tokcy/_pure/buffer.py, which documents the counters: size (live
+# entries), shared_end (views may show storage[:shared_end]; writing below it copies
+# first) and the change marks of the buffer's two readers: dirty_from (the connector's)
+# and table_dirty_from with table_stamp (the device block table's); see
+# docs/change-tracking.md.
 
 cdef Py_ssize_t MIN_CAPACITY = 16
 
@@ -24,7 +25,9 @@ cdef class Int32Buffer:
     cdef Py_ssize_t size
     cdef Py_ssize_t capacity
     cdef Py_ssize_t shared_end
-    cdef Py_ssize_t dirty_from
+    cdef Py_ssize_t dirty_from        # reader 1, the connector: lowest position changed since its last read
+    cdef Py_ssize_t table_dirty_from  # reader 2, the device block table: the same, since its last read
+    cdef int64_t table_stamp          # which device-table row read it last (0: none)
 
     def __cinit__(self, values=None):
         if values is None:
@@ -58,6 +61,8 @@ cdef class Int32Buffer:
                 memcpy(self.data, previous_data, self.size * sizeof(int32_t))
         if start < self.dirty_from:
             self.dirty_from = start
+        if start < self.table_dirty_from:
+            self.table_dirty_from = start
         return 0
 
     cdef inline int append(self, int32_t value) except -1:
@@ -98,6 +103,8 @@ cdef class Int32Buffer:
         self.size = size
         if size < self.dirty_from:
             self.dirty_from = size
+        if size < self.table_dirty_from:
+            self.table_dirty_from = size
 
     cdef list tolist(self, Py_ssize_t begin, Py_ssize_t end):
         return [self.data[position] for position in range(begin, end)]

@@ -111,32 +111,46 @@ cdef inline void emit_seq(const SeqSpec* spec, Outputs* out, Py_ssize_t* counter
     counters[1] = seq + 1
 
 
+cdef inline void emit(const SeqSpec* specs, Py_ssize_t index, Outputs* out, Py_ssize_t* counters,
+                      AttentionMetadata meta) noexcept nogil:
+    """One sequence's rows, and its attention metadata when the call has block sizes."""
+    cdef Py_ssize_t row = counters[0], seq = counters[1]
+    emit_seq(&specs[index], out, counters)
+    if meta is not None:
+        meta.write_sequence(index, specs[index].pos0, specs[index].seq_len, row, seq)
+
+
 cdef void fill_rows(const SeqSpec* specs, Py_ssize_t num_context, Py_ssize_t generation_end,
                     Py_ssize_t first_draft_end, Py_ssize_t device_end, Py_ssize_t num_padding,
-                    Outputs* out) noexcept nogil:
+                    Outputs* out, AttentionMetadata meta) noexcept nogil:
     """Pass 2: the rows in DESIGN.md order. specs holds, in call order, the context
     sequences [0, num_context), the generation sequences (draft and plain mixed) up to
-    generation_end, the first-draft ones up to first_draft_end, the device ones after."""
+    generation_end, the first-draft ones up to first_draft_end, the device ones after.
+    ``meta``: None, or the attention metadata to write in the same sweep."""
     cdef Py_ssize_t counters[6]
     cdef Py_ssize_t index, row, seq
     memset(counters, 0, sizeof(counters))
     out.cu_seqlens[0] = 0
+    if meta is not None:
+        meta.start_write()
     for index in range(num_context):
-        emit_seq(&specs[index], out, counters)
+        emit(specs, index, out, counters, meta)
     for index in range(num_context, generation_end):
         if specs[index].kind == KIND_DRAFT:
-            emit_seq(&specs[index], out, counters)
+            emit(specs, index, out, counters, meta)
     for index in range(generation_end, first_draft_end):
-        emit_seq(&specs[index], out, counters)
+        emit(specs, index, out, counters, meta)
     for index in range(num_context, generation_end):
         if specs[index].kind == KIND_PLAIN:
-            emit_seq(&specs[index], out, counters)
+            emit(specs, index, out, counters, meta)
     for index in range(first_draft_end, device_end):
-        emit_seq(&specs[index], out, counters)
+        emit(specs, index, out, counters, meta)
     row = counters[0]
     seq = counters[1]
     for index in range(num_padding):
         debug_assert(row < out.cap_tokens and seq < out.cap_seqs)
+        if meta is not None:
+            meta.write_padding(row, seq)
         out.input_ids[row] = 0
         out.position_ids[row] = 0
         out.seq_lens[seq] = 1
@@ -198,6 +212,8 @@ cdef class InputWriter:
     cdef Py_ssize_t _num_padding, _num_context_tokens, _num_tokens, _num_gather
     cdef Py_ssize_t _num_draft_tokens, _num_draft_requests, _num_device, _device_row_start
     cdef bint _planned, _busy
+    cdef AttentionMetadata _metadata    # set_metadata(); None: no metadata outputs
+    cdef AttentionMetadata _meta        # the planned call's: _metadata with block sizes, else None
     # the bound outputs
     cdef Outputs _out
     cdef tuple _arrays
@@ -215,6 +231,13 @@ cdef class InputWriter:
         self._busy = False
         self._arrays = None
         memset(&self._out, 0, sizeof(Outputs))
+
+    def set_metadata(self, AttentionMetadata metadata):
+        """Attention-metadata outputs (None: none), filled by calls that give block sizes."""
+        if self._busy:
+            _checks.busy()
+        self._release()
+        self._metadata = metadata
 
     def __dealloc__(self):
         self._release()
@@ -307,6 +330,9 @@ cdef class InputWriter:
             Py_XDECREF(self._specs[index].src_owner)
             Py_XDECREF(self._specs[index].draft_owner)
         self._num_specs = 0
+        if self._meta is not None:
+            self._meta.release()
+            self._meta = None
         self._planned = False
 
     cdef inline SeqSpec* _add(self, Py_ssize_t extra_beams) except NULL:
@@ -317,8 +343,9 @@ cdef class InputWriter:
     # ------------------------------------------------------------------ pass 1
     cdef int _plan(self, object context_requests, object generation_requests, object first_draft_requests,
                    object device_token_requests, Py_ssize_t max_draft_len, object cuda_graph_batch_sizes,
-                   Py_ssize_t max_beam_width) except -1:
+                   Py_ssize_t max_beam_width, object block_sizes=None) except -1:
         cdef Request request
+        cdef AttentionMetadata meta = None
         cdef Int32Buffer buffer
         cdef SeqSpec* spec
         cdef Py_ssize_t index, beam, n, start, chunk, k, num_sequences, best, size
@@ -336,6 +363,15 @@ cdef class InputWriter:
         devices = device_token_requests if type(device_token_requests) in (list, tuple) else tuple(device_token_requests)
         self._reset_hash(len(contexts) + len(generations) + len(first_drafts) + len(devices))
         self._grow(len(contexts) + len(generations) + len(first_drafts) + len(devices))
+        if cuda_graph_batch_sizes is not None and type(cuda_graph_batch_sizes) not in (list, tuple):
+            cuda_graph_batch_sizes = tuple(cuda_graph_batch_sizes)  # before any table is read
+        if block_sizes is not None:
+            if self._metadata is None:
+                _checks.metadata_not_bound()
+            meta = self._metadata
+            meta.configure(block_sizes)
+            meta.begin(len(contexts) + len(generations) + len(first_drafts) + len(devices))
+            self._meta = meta
         self._num_context_tokens = 0
         self._num_tokens = 0
         self._num_gather = 0
@@ -361,6 +397,8 @@ cdef class InputWriter:
                     _checks.chunk_past_prompt(request._request_id, start, chunk, request._prompt_len)
                 set_spec(self._add(0), request, request._beam0, start, chunk, chunk, start, GATHER_LAST, KIND_CONTEXT)
                 self._num_specs += 1
+                if meta is not None:
+                    meta.plan_sequence(request, start, chunk)
                 self._num_context_tokens += chunk
                 self._num_gather += 1
                 index += 1
@@ -387,11 +425,15 @@ cdef class InputWriter:
                         _checks.no_tokens(_checks.GENERATION, request._request_id, 0)
                     set_spec(self._add(0), request, buffer, n - 1, 1, 1 + k, n - 1, GATHER_ALL, KIND_DRAFT)
                     self._num_specs += 1
+                    if meta is not None:
+                        meta.plan_sequence(request, n - 1, 1 + k)
                     self._num_tokens += 1 + k
                     self._num_gather += 1 + k
                     self._num_draft_tokens += k
                     self._num_draft_requests += 1
                 else:
+                    if meta is not None and request._beam_width != 1:
+                        _checks.beams_with_block_size(request._request_id, request._beam_width)
                     if max_beam_width > 0 and request._beam_width > max_beam_width:
                         _checks.too_many_beams(request._request_id, request._beam_width, max_beam_width)
                     n = 0
@@ -407,6 +449,8 @@ cdef class InputWriter:
                         set_spec(&self._specs[self._num_specs], request, buffer, buffer.size - 1, 1, 1, n - 1,
                                  GATHER_LAST, KIND_PLAIN)
                         self._num_specs += 1
+                    if meta is not None:
+                        meta.plan_sequence(request, n - 1, 1)
                     self._num_tokens += request._beam_width
                     self._num_gather += request._beam_width
                 index += 1
@@ -433,6 +477,8 @@ cdef class InputWriter:
                 set_spec(self._add(0), request, buffer, start, n - start, n - start, start, GATHER_LAST,
                          KIND_FIRST_DRAFT)
                 self._num_specs += 1
+                if meta is not None:
+                    meta.plan_sequence(request, start, n - start)
                 self._num_tokens += n - start
                 self._num_gather += 1
                 index += 1
@@ -456,6 +502,8 @@ cdef class InputWriter:
                 n = request._beam0.size
                 set_spec(self._add(0), request, None, 0, 0, 1, n, GATHER_LAST, KIND_DEVICE)
                 self._num_specs += 1
+                if meta is not None:
+                    meta.plan_sequence(request, n, 1)
                 self._num_device += 1
                 self._num_gather += 1
                 index += 1
@@ -483,11 +531,12 @@ cdef class InputWriter:
         return 0
 
     def plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-             Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width):
+             Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes=None):
         """Pass 1: validate the batch and return the sizes it needs: (token rows, gathered
-        rows, sequences incl. padding, draft tokens, draft requests, device-token rows)."""
+        rows, sequences incl. padding, draft tokens, draft requests, device-token rows).
+        With ``block_sizes``, ``planned_blocks()`` then gives the metadata's sizes."""
         self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                   max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+                   max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
         return (self._num_tokens, self._num_gather, self._num_specs + self._num_padding,
                 self._num_draft_tokens, self._num_draft_requests, self._num_device)
 
@@ -515,10 +564,16 @@ cdef class InputWriter:
                 _checks.over_capacity("draft requests", self._num_draft_requests, self._cap_draft_requests)
             if self._num_device > self._cap_device:
                 _checks.over_capacity("device-token rows", self._num_device, self._cap_device)
+            if self._meta is not None:
+                self._meta.check_capacity(self._num_tokens, padded)
+                if self._meta.has_device_table:
+                    self._meta.plan_deltas(self._num_tokens)  # consumes the tables' marks: nothing fails after it
             self._busy = True
             with nogil:
                 fill_rows(self._specs, self._num_context, self._generation_end, self._first_draft_end,
-                          self._num_specs, self._num_padding, &self._out)
+                          self._num_specs, self._num_padding, &self._out, self._meta)
+                if self._meta is not None and self._meta.has_device_table:
+                    self._meta.write_deltas(self._num_tokens)
         finally:
             self._busy = False
             num_sequences = self._num_specs
@@ -542,11 +597,21 @@ cdef class InputWriter:
         (context requests, context tokens, generation tokens, tokens, sequences, padded
         batch, device-token row start, gathered rows, draft tokens, draft requests,
         device-token rows). ValueError, before anything is written, if it does not fit."""
+        if self._meta is not None and self._meta.has_device_table:
+            self._release()
+            _checks.device_table_needs_prepare()
         return self._write()
 
+    def planned_blocks(self):
+        """After plan() with block sizes: (longest block table, kv_indices length per group)."""
+        if self._meta is None:
+            return (0, ())
+        return (self._meta.longest_table, self._meta.results()[3])
+
     def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-                Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width):
-        """plan() then write(), in one call."""
+                Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes=None):
+        """plan() then write(), in one call. ``block_sizes``: a tuple, one block size per
+        layer group, to write the attention metadata too (``set_metadata`` first)."""
         self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                   max_draft_len, cuda_graph_batch_sizes, max_beam_width)
+                   max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
         return self._write()

@@ -11,8 +11,14 @@
 # * build(): pass 1, with the GIL, validates the whole batch and plans one copy job per
 #   token buffer and per block table (fresh slots inserted for never-seen ids are undone
 #   if anything fails); then the output arrays are allocated at their exact sizes; pass 2,
-#   without the GIL, memcpy's the deltas, commits the slots and resets the buffers'
-#   low-water marks. A failing call changes neither the manager nor any request.
+#   without the GIL, memcpy's the deltas and commits the slots. A failing call changes
+#   neither the manager nor any request.
+# * Change marks: the connector is one of two readers of each buffer's changes (the
+#   device block table is the other, with its own mark: docs/change-tracking.md). Pass 1
+#   consumes the connector's mark (dirty_from) of each buffer as it reads it, with the
+#   GIL, and puts it back if the call fails; pass 2 never writes it. So a change another
+#   thread makes while pass 2 runs without the GIL lowers the mark again and shows in the
+#   next report: it is never lost.
 # * Memory safety with the GIL released: pass 2 runs without the GIL when it copies at
 #   least NOGIL_MIN_ENTRIES entries; then the end of pass 1 takes a strong reference (held,
 #   a C array of PyObject*) to every Int32Buffer whose dirty_from a job writes and to every
@@ -52,7 +58,8 @@ cdef struct RowJob:
     int64_t scheduled
     PyObject* buffer           # beam 0 (an Int32Buffer): borrowed in pass 1, held for a GIL-free pass 2
     const int32_t* data        # beam-0 tokens (buffer.storage, held likewise)
-    Py_ssize_t* dirty          # &beam0.dirty_from
+    Py_ssize_t* dirty          # &beam0.dirty_from, consumed in pass 1
+    Py_ssize_t saved_dirty     # its value before, put back if the call fails
     Py_ssize_t begin
     Py_ssize_t end
     Py_ssize_t num_pauses
@@ -64,7 +71,8 @@ cdef struct RowJob:
 cdef struct SegmentJob:
     PyObject* buffer           # table._buffer, as RowJob.buffer
     const int32_t* data        # block ids of one group (its storage, as RowJob.data)
-    Py_ssize_t* dirty          # &table._buffer.dirty_from
+    Py_ssize_t* dirty          # &table._buffer.dirty_from, as RowJob.dirty
+    Py_ssize_t saved_dirty
     Py_ssize_t begin
     Py_ssize_t end
     Py_ssize_t replaced
@@ -74,6 +82,27 @@ cdef struct SegmentJob:
 cdef Py_ssize_t NO_ENTRY = -1
 # pass 2 releases the GIL when it copies at least this many int32 entries (256 KiB)
 cdef Py_ssize_t NOGIL_MIN_ENTRIES = 1 << 16
+
+
+cdef inline void consume_marks(RowJob* job, SegmentJob* parts) noexcept:
+    """Pass 1, with the GIL: take the connector's change marks of a planned row (its
+    tokens and each group's blocks), as read; restore_marks() puts them back."""
+    cdef Py_ssize_t group
+    job.saved_dirty = job.dirty[0]
+    job.dirty[0] = job.end
+    for group in range(job.num_groups):
+        parts[group].saved_dirty = parts[group].dirty[0]
+        parts[group].dirty[0] = parts[group].end
+
+
+cdef inline void restore_marks(RowJob* job, SegmentJob* parts) noexcept:
+    """Undo consume_marks() for a failed call (lower only: a mark never rises here)."""
+    cdef Py_ssize_t group
+    if job.saved_dirty < job.dirty[0]:
+        job.dirty[0] = job.saved_dirty
+    for group in range(job.num_groups):
+        if parts[group].saved_dirty < parts[group].dirty[0]:
+            parts[group].dirty[0] = parts[group].saved_dirty
 
 
 cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:
@@ -447,6 +476,7 @@ cdef class ReportState:
                             part.released = table._num_released
                             total_segments += 1
                             total_blocks += size - begin
+                        consume_marks(job, &self.segments[job.first_segment])
                         row += 1
                 # a large copy runs without the GIL: first own every buffer a job writes
                 # (dirty_from) and every storage array a job reads, so that a thread which
@@ -469,6 +499,8 @@ cdef class ReportState:
                 replaced_blocks = np.empty(total_segments, dtype=np.int64)
                 released_blocks = np.empty(total_segments, dtype=np.int64)
             except BaseException:
+                for index in range(row):
+                    restore_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
                 while num_fresh:
                     num_fresh -= 1
                     self._remove(self.slots[self.fresh[num_fresh]].request_id)
@@ -538,8 +570,8 @@ cdef class ReportState:
     ) noexcept nogil:
         """Pass 2: copy the planned deltas and commit; nothing here can fail.
 
-        Only planned values are used (sizes, begins); a buffer's low-water mark is set to
-        the planned end. A request mutated by another thread during the report is the
+        Only planned values are used (sizes, begins); the buffers' change marks were
+        consumed in pass 1. A request mutated by another thread during the report is the
         caller's race: the report shows it as it was at plan time (and tokens written into
         the old storage meanwhile may or may not show), but no memory is ever freed under
         this loop.
@@ -565,7 +597,6 @@ cdef class ReportState:
                 memcpy(tokens + token_offset, job.data + job.begin, count * sizeof(int32_t))
             token_offset += count
             token_offsets[row + 1] = token_offset
-            job.dirty[0] = job.end
             slot.num_tokens = job.end
             slot.num_pauses = job.num_pauses
             slot.matched = 0  # used by a context row, discarded by any other
@@ -582,7 +613,6 @@ cdef class ReportState:
                 block_offsets[segment + 1] = block_offset
                 replaced_blocks[segment] = part.replaced
                 released_blocks[segment] = part.released
-                part.dirty[0] = part.end
                 slot.num_blocks[group] = part.end
             group_offsets[row + 1] = job.first_segment + job.num_groups
 

@@ -13,11 +13,14 @@ def restore_request(cls, state):
     return cls._from_state(state)
 
 
-def restore_block_table(cls, block_ids, num_released, dirty_from=0):
+def restore_block_table(cls, block_ids, num_released, dirty_from=0, table_dirty_from=0):
     """Rebuild a BlockTable (or subclass ``cls``) from its ids, released count and the
-    lowest position changed since the connector last read it."""
+    change marks of its two readers: the lowest position changed since the connector,
+    and since the device block table, last read it. Older pickles carry fewer fields; a
+    missing mark is 0 (the reader sees the whole table as changed). The device table's
+    row stamp is not carried: a restored table is sent to its device row whole, once."""
     if cls is None:
         from tokcy import BlockTable as cls
     table = cls.__new__(cls)
-    table._restore(block_ids, num_released, dirty_from)
+    table._restore(block_ids, num_released, dirty_from, table_dirty_from)
     return table

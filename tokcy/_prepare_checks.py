@@ -98,3 +98,71 @@ def not_planned():
 
 def not_bound():
     raise RuntimeError("InputWriter.write() needs output arrays: call bind() first")
+
+
+# ---------------------------------------------------------------- attention metadata
+MAX_BLOCK_SIZE = 2**31 - 1
+
+
+def bad_block_sizes(value):
+    raise ValueError(f"block_sizes must be a tuple of integers in [1, {MAX_BLOCK_SIZE}], one per layer group, got {value!r}")
+
+
+def too_many_groups(num_groups, capacity):
+    raise ValueError(f"block_sizes gives {num_groups} layer groups but the outputs have room for {capacity}")
+
+
+def metadata_not_bound():
+    raise ValueError("a block size needs attention-metadata outputs: HostBuffers(..., max_blocks_per_seq=...)")
+
+
+def beams_with_block_size(request_id, beam_width):
+    raise ValueError(
+        f"request {request_id} has beam_width {beam_width}, but attention metadata (a block size) needs "
+        f"beam_width 1: one block table per request cannot describe each beam's KV"
+    )
+
+
+def group_count(request_id, num_tables, num_groups):
+    raise ValueError(f"request {request_id} has {num_tables} layer groups but block_sizes gives {num_groups}")
+
+
+def too_many_blocks(request_id, group, num_blocks, max_blocks):
+    raise ValueError(
+        f"request {request_id} group {group}: its block table holds {num_blocks} blocks, "
+        f"above max_blocks_per_seq {max_blocks}"
+    )
+
+
+def missing_block(request_id, group, position, block, num_blocks):
+    raise ValueError(
+        f"request {request_id} group {group}: position {position} needs block {block}, "
+        f"but its block table holds only {num_blocks} blocks"
+    )
+
+
+def released_block(request_id, group, position, block):
+    raise ValueError(
+        f"request {request_id} group {group}: position {position} is in block {block}, "
+        f"which the sliding window released"
+    )
+
+
+def no_table_slot(request_id):
+    raise ValueError(f"request {request_id} has no seq_slot; the device block table is indexed by it")
+
+
+def table_slot_out_of_range(request_id, slot, max_slots):
+    raise ValueError(f"request {request_id} has seq_slot {slot}, outside the device block table's max_slots {max_slots}")
+
+
+def duplicate_table_slot(slot, first_request_id, second_request_id):
+    raise ValueError(f"seq_slot {slot} is used by both request {first_request_id} and request {second_request_id}")
+
+
+def kv_too_long(total):
+    raise ValueError(f"the batch's KV lengths add up to {total}, above the int32 range of cu_kv_seqlens")
+
+
+def device_table_needs_prepare():
+    raise RuntimeError("with a device block table, use InputWriter.prepare() (plan and write in one call)")

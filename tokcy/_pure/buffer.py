@@ -7,8 +7,18 @@ Three counters make it what the hot loops need:
 * ``shared_end``: read-only views handed out since ``storage`` was allocated may show
   ``storage[:shared_end]``. A write below it would change what a view shows, so it first
   moves the values into fresh storage (copy-on-write) and the views keep the old one.
-* ``dirty_from``: the lowest position written or dropped since the connector last read
-  the buffer, so a shrink followed by a regrowth between two reports is never missed.
+* Change marks, one per reader, so that each reader sees every change exactly once
+  whatever the other does (docs/change-tracking.md):
+
+  - ``dirty_from``: the lowest position written or dropped since the connector last read
+    the buffer, so a shrink followed by a regrowth between two reports is never missed;
+  - ``table_dirty_from``: the same since the device block table last read it, and
+    ``table_stamp``, the stamp of the device-table row that read it (0: none yet). A
+    reader compares the stamp with the one it left in its row: equal means the row holds
+    this buffer as of that read, so only ``[table_dirty_from, size)`` can differ.
+
+  Every write or drop lowers both marks: O(1). A reader consumes its own mark by setting
+  it to ``size`` when it reads the buffer.
 """
 
 import numpy as np
@@ -28,7 +38,7 @@ def readonly_alias(storage):
 
 
 class Int32Buffer:
-    __slots__ = ("storage", "size", "shared_end", "dirty_from", "_readonly")
+    __slots__ = ("storage", "size", "shared_end", "dirty_from", "table_dirty_from", "table_stamp", "_readonly")
 
     def __init__(self, values):
         """``values``: a validated 1-D int32 array; the buffer holds a copy."""
@@ -36,6 +46,8 @@ class Int32Buffer:
         self.size = len(values)
         self.shared_end = 0
         self.dirty_from = 0
+        self.table_dirty_from = 0
+        self.table_stamp = 0
         self._readonly = None
 
     def _make_writable(self, start, new_size):
@@ -51,6 +63,8 @@ class Int32Buffer:
             self._readonly = None
         if start < self.dirty_from:
             self.dirty_from = start
+        if start < self.table_dirty_from:
+            self.table_dirty_from = start
 
     def append(self, value):
         self._make_writable(self.size, self.size + 1)
@@ -76,6 +90,8 @@ class Int32Buffer:
         self.size = size
         if size < self.dirty_from:
             self.dirty_from = size
+        if size < self.table_dirty_from:
+            self.table_dirty_from = size
 
     def get(self, position):
         return int(self.storage[position])

@@ -9,6 +9,7 @@ the cost is O(batch + emitted tokens), never O(sequence length).
 import numpy as np
 
 from tokcy import _prepare_checks as _checks
+from tokcy._pure.metadata import AttentionMetadata
 from tokcy._pure.request import Request
 from tokcy._state import RequestState
 from tokcy._tokens import as_index
@@ -45,7 +46,17 @@ class InputWriter:
     def __init__(self):
         self._arrays = None
         self._plan_state = None
+        self._metadata = None
+        self._meta = None  # the planned call's metadata (None: no block sizes)
         self.tokens_copied = 0
+
+    def set_metadata(self, metadata):
+        """Attention-metadata outputs (None: none), filled by calls that give block sizes."""
+        if metadata is not None and not isinstance(metadata, AttentionMetadata):
+            raise TypeError(f"Argument 'metadata' has incorrect type (expected "
+                            f"tokcy._pure.metadata.AttentionMetadata, got {type(metadata).__name__})")
+        self._plan_state = None
+        self._metadata = metadata
 
     def bind(self, input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
              cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots):
@@ -69,9 +80,10 @@ class InputWriter:
 
     # ------------------------------------------------------------------ pass 1
     def plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-             max_draft_len, cuda_graph_batch_sizes, max_beam_width):
+             max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes=None):
         """Pass 1: validate the batch and return the sizes it needs: (token rows, gathered
-        rows, sequences incl. padding, draft tokens, draft requests, device-token rows)."""
+        rows, sequences incl. padding, draft tokens, draft requests, device-token rows).
+        With ``block_sizes``, ``planned_blocks()`` then gives the metadata's sizes."""
         groups = [tuple(group) for group in
                   (context_requests, generation_requests, first_draft_requests, device_token_requests)]
         context_requests, generation_requests, first_draft_requests, device_token_requests = groups
@@ -82,6 +94,17 @@ class InputWriter:
         if max_beam_width < 0:
             _checks.negative_limit("max_beam_width", max_beam_width)
         self._plan_state = None
+        if cuda_graph_batch_sizes is not None and type(cuda_graph_batch_sizes) not in (list, tuple):
+            cuda_graph_batch_sizes = tuple(cuda_graph_batch_sizes)  # before any table is read
+        meta = None
+        if block_sizes is not None:
+            if self._metadata is None:
+                _checks.metadata_not_bound()
+            meta = self._metadata
+            meta.configure(block_sizes)
+            meta.begin(sum(len(group) for group in groups))
+        self._meta = meta
+        plan_sequence = meta.plan_sequence if meta is not None else (lambda request, pos0, seq_len: None)
         seen = set()
         # spec: (kind, source array, begin, ncopy, draft array, seq_len, pos0, cached, request id, prompt len, slot)
         context, drafted, first_draft, plain, device = [], [], [], [], []
@@ -94,7 +117,7 @@ class InputWriter:
             if start + chunk > item._prompt_len:
                 _checks.chunk_past_prompt(request_id, start, chunk, item._prompt_len)
             context.append((_CONTEXT, item._beams[0].storage, start, chunk, None, chunk, start, start,
-                            request_id, item._prompt_len, -1))
+                            request_id, item._prompt_len, -1, plan_sequence(item, start, chunk)))
             num_gather += 1
         for index, item in enumerate(generation_requests):
             request_id = _check_request(item, _checks.GENERATION, index, seen, _IN_PROGRESS)
@@ -110,9 +133,11 @@ class InputWriter:
                 if n == 0:
                     _checks.no_tokens(_checks.GENERATION, request_id, 0)
                 drafted.append((_DRAFT, beams[0].storage, n - 1, 1, drafts, 1 + k, n - 1, n - 1,
-                                request_id, item._prompt_len, -1))
+                                request_id, item._prompt_len, -1, plan_sequence(item, n - 1, 1 + k)))
                 num_gather += 1 + k
             else:
+                if meta is not None and len(beams) != 1:
+                    _checks.beams_with_block_size(request_id, len(beams))
                 if max_beam_width > 0 and len(beams) > max_beam_width:
                     _checks.too_many_beams(request_id, len(beams), max_beam_width)
                 for beam, buffer in enumerate(beams):
@@ -121,7 +146,9 @@ class InputWriter:
                 n = max(buffer.size for buffer in beams)
                 for buffer in beams:
                     plain.append((_PLAIN, buffer.storage, buffer.size - 1, 1, None, 1, n - 1, n - 1,
-                                  request_id, item._prompt_len, -1))
+                                  request_id, item._prompt_len, -1, None))
+                if meta is not None:  # one beam (checked above)
+                    plain[-1] = plain[-1][:11] + (plan_sequence(item, n - 1, 1),)
                 num_gather += len(beams)
         for index, item in enumerate(first_draft_requests):
             request_id = _check_request(item, _checks.FIRST_DRAFT, index, seen, _IN_PROGRESS)
@@ -132,7 +159,7 @@ class InputWriter:
                 _checks.no_tokens(_checks.FIRST_DRAFT, request_id, 0)
             start = max(0, n - max_draft_len - 1)
             first_draft.append((_FIRST_DRAFT, item._beams[0].storage, start, n - start, None, n - start, start,
-                                start, request_id, item._prompt_len, -1))
+                                start, request_id, item._prompt_len, -1, plan_sequence(item, start, n - start)))
             num_gather += 1
         for index, item in enumerate(device_token_requests):
             request_id = _check_request(item, _checks.DEVICE_TOKEN, index, seen, _IN_PROGRESS)
@@ -143,7 +170,8 @@ class InputWriter:
             if item._seq_slot is None:
                 _checks.missing_slot(request_id)
             n = item._beams[0].size
-            device.append((_DEVICE, None, 0, 0, None, 1, n, n, request_id, item._prompt_len, item._seq_slot))
+            device.append((_DEVICE, None, 0, 0, None, 1, n, n, request_id, item._prompt_len, item._seq_slot,
+                           plan_sequence(item, n, 1)))
             num_gather += 1
         specs = context + drafted + first_draft + plain + device
         num_padding = 0
@@ -173,6 +201,18 @@ class InputWriter:
         (context requests, context tokens, generation tokens, tokens, sequences, padded
         batch, device-token row start, gathered rows, draft tokens, draft requests,
         device-token rows). ValueError, before anything is written, if it does not fit."""
+        if self._plan_state is not None and self._meta is not None and self._meta.has_device_table:
+            self._plan_state = None
+            _checks.device_table_needs_prepare()
+        return self._write()
+
+    def planned_blocks(self):
+        """After plan() with block sizes: (longest block table, kv_indices length per group)."""
+        if self._plan_state is None or self._meta is None:
+            return (0, ())
+        return (self._meta.longest_table, self._meta.results()[3])
+
+    def _write(self):
         if self._plan_state is None:
             _checks.not_planned()
         plan, self._plan_state = self._plan_state, None
@@ -194,6 +234,11 @@ class InputWriter:
             _checks.over_capacity("draft requests", num_draft_requests, self._cap_draft_requests)
         if num_device > self._cap_device:
             _checks.over_capacity("device-token rows", num_device, self._cap_device)
+        meta = self._meta
+        if meta is not None:
+            meta.check_capacity(num_tokens, padded)
+            if meta.has_device_table:
+                meta.plan_deltas(num_tokens)  # consumes the tables' marks: nothing fails after it
         (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
          request_ids, draft_tokens, draft_lens, device_token_slots) = self._arrays
 
@@ -243,13 +288,18 @@ class InputWriter:
         if num_padding:
             input_ids[num_tokens - num_padding : num_tokens] = 0
         gather_ids[:num_gather] = gathered
+        if meta is not None:
+            meta.write([(spec[11], spec[6], spec[5], int(starts[index])) for index, spec in enumerate(specs)],
+                       num_tokens, padded)
+            meta.release()
         return (num_context, num_context_tokens, num_tokens - num_context_tokens - num_padding, num_tokens,
                 num_sequences, padded, device_row_start, num_gather, num_draft_tokens, num_draft_requests,
                 num_device)
 
     def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-                max_draft_len, cuda_graph_batch_sizes, max_beam_width):
-        """plan() then write(), in one call."""
+                max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes=None):
+        """plan() then write(), in one call. ``block_sizes``: a tuple, one block size per
+        layer group, to write the attention metadata too (``set_metadata`` first)."""
         self.plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                  max_draft_len, cuda_graph_batch_sizes, max_beam_width)
-        return self.write()
+                  max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
+        return self._write()

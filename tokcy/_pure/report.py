@@ -9,8 +9,11 @@ same errors). The rules (DESIGN.md, "Hot loop 2"):
 * Later reports are *cached* deltas. Each buffer (beam-0 tokens, each block table)
   remembers ``dirty_from``, the lowest position written or dropped since the last report;
   the delta starts at ``begin = min(reported, dirty_from)`` and replaces
-  ``reported - begin`` already-reported entries. After the report ``dirty_from`` is reset
-  to the buffer's size. A consumer's mirror drops the replaced entries, appends the new
+  ``reported - begin`` already-reported entries. The report consumes ``dirty_from`` (sets
+  it to the buffer's size) when it reads it, in pass 1, and puts it back if the call
+  fails: a change made while the rest of the report runs (another thread) lowers it
+  again and shows in the next report. The device block table reads the same buffers
+  through its own mark (docs/change-tracking.md). A consumer's mirror drops the replaced entries, appends the new
   ones and sets the first ``num_released`` block ids of each group to -1 (sliding-window
   releases travel as that absolute count, never by re-sending the table).
 * Three groups, and the group decides the row's numbers (n = beam-0 tokens):
@@ -79,6 +82,16 @@ class ReportState:
         fresh = {}  # slots for never-seen ids: added to the manager only once all is valid
         seen = set()
         rows = []
+        consumed = []  # (buffer, its dirty_from before): put back if the call fails
+        try:
+            self._plan(groups, fresh, seen, rows, consumed)
+        except BaseException:
+            for buffer, dirty_from in consumed:
+                buffer.dirty_from = min(buffer.dirty_from, dirty_from)
+            raise
+        return self._commit(fresh, rows)
+
+    def _plan(self, groups, fresh, seen, rows, consumed):
         # pass 1: validate the whole batch and plan the copies; nothing is changed. Each
         # buffer's storage array and size are taken here, once: a request mutated by another
         # thread during the report is reported as it was at plan time (the caller's race).
@@ -126,6 +139,14 @@ class ReportState:
                 replaced = 0 if is_new else slot.num_tokens - begin
                 token_plan = (beam, beam.storage, begin, size, replaced)
                 rows.append((request_id, request._num_pauses, slot, is_new, token_plan, position, scheduled, segments))
+                # consume the marks as read (the row is planned: nothing below can fail)
+                consumed.append((beam, beam.dirty_from))
+                beam.dirty_from = size
+                for buffer, _, _, end, _, _ in segments:
+                    consumed.append((buffer, buffer.dirty_from))
+                    buffer.dirty_from = end
+
+    def _commit(self, fresh, rows):
 
         # pass 2: copy the planned deltas, then commit
         self._slots.update(fresh)
@@ -148,7 +169,6 @@ class ReportState:
             token_pieces.append(storage[begin:end])
             token_offsets[row + 1] = token_offsets[row] + end - begin
             group_offsets[row + 1] = group_offsets[row] + len(segments)
-            beam.dirty_from = end
             slot.num_tokens = end
             slot.num_pauses = num_pauses
             slot.matched = 0  # used by a context row, discarded by any other
@@ -159,7 +179,6 @@ class ReportState:
                 block_counts.append(block_end - block_begin)
                 replaced_blocks.append(block_replaced)
                 released_blocks.append(released)
-                buffer.dirty_from = block_end
                 slot.num_blocks.append(block_end)
         return (
             request_ids,

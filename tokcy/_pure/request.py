@@ -46,14 +46,16 @@ class BlockTable:
         self._buffer = Int32Buffer(_block_ids_array(block_ids, "block_ids"))
         self._num_released = 0
 
-    def _restore(self, block_ids, num_released, dirty_from):
+    def _restore(self, block_ids, num_released, dirty_from, table_dirty_from=0):
         self._buffer = Int32Buffer(np.asarray(block_ids, dtype=np.int32))
         self._buffer.dirty_from = dirty_from
+        self._buffer.table_dirty_from = table_dirty_from
         self._num_released = num_released
 
     def __reduce__(self):
         cls = None if type(self) is BlockTable else type(self)
-        return (_pickle.restore_block_table, (cls, self.tolist(), self._num_released, self._buffer.dirty_from))
+        return (_pickle.restore_block_table,
+                (cls, self.tolist(), self._num_released, self._buffer.dirty_from, self._buffer.table_dirty_from))
 
     def __repr__(self):
         return _repr.block_table_repr(type(self).__name__, self.tolist(), self._num_released)
@@ -117,11 +119,13 @@ class BlockTable:
             )
         if num_released > self._buffer.size:
             raise ValueError(f"num_released {num_released} exceeds the {self._buffer.size} blocks in the table")
-        # The connector reports releases through the count (num_released), not as rewritten
-        # ids: keep the buffer's low-water mark where it was.
+        # Both readers (connector, device block table) learn of releases through the count
+        # (num_released), not as rewritten ids: keep the buffer's change marks where they were.
         dirty_from = self._buffer.dirty_from
+        table_dirty_from = self._buffer.table_dirty_from
         self._buffer.fill(self._num_released, num_released, -1)
         self._buffer.dirty_from = dirty_from
+        self._buffer.table_dirty_from = table_dirty_from
         self._num_released = num_released
 
     @property

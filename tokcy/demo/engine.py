@@ -9,8 +9,11 @@ One ``step()``:
 3. ``tokcy.connector.SchedulerOutputManager.build_scheduler_output`` reports the batch;
    the offload store applies it, and (``check_connector``) its mirror is compared with
    every scheduled request's real tokens and blocks;
-4. the model runs the batch against the paged KV cache; greedy tokens are sampled on the
-   device and the single-token results scattered into ``new_tokens`` by slot;
+4. the model runs the batch against the paged KV cache, from the prepared inputs alone:
+   it writes K/V through ``slot_mapping`` and reads them through the device
+   ``block_table`` (the preparer keeps that table on the device and sends only what
+   changed); greedy tokens are sampled on the device and the single-token results
+   scattered into ``new_tokens`` by slot;
 5. the host catches up: chunk cursors advance; in overlap mode the previous step's
    tokens are appended now (after this step was launched) and this step's are left on the
    device, except draft verifications, which the next step's scheduling needs at once;
@@ -98,14 +101,17 @@ class Engine:
         if model.device != self.device:
             raise ValueError(f"model is on {model.device}, engine on {self.device}")
         mc = model.config
-        self.cache = PagedKVCache(config.num_blocks, config.block_size, mc.num_layers, mc.num_heads, mc.head_dim,
-                                  device=self.device, poison=config.poison_kv)
+        self.cache = PagedKVCache(config.num_blocks, config.block_size, mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                                  device=self.device, poison=config.poison_kv, dtype=model.dtype)
         self.scheduler = Scheduler(self.cache, on_preempt=self._before_preempt,
                                    **same_named(config, SCHEDULER_SETTINGS))
         self.max_draft_len = self.scheduler.max_draft_len
         pad = max(config.cuda_graph_batch_sizes or (0,))
+        # a request holds at most every block of the pool; slots are the scheduler's seq_slots
         self.preparer = InputPreparer(config.max_num_tokens + pad, max(config.max_batch_size, pad),
-                                      max_draft_len=self.max_draft_len, device=self.device)
+                                      max_draft_len=self.max_draft_len, device=self.device,
+                                      block_size=config.block_size, max_blocks_per_seq=config.num_blocks,
+                                      max_slots=config.max_batch_size)
         self.connector = SchedulerOutputManager()
         self.store = OffloadStore()
         self.new_tokens = torch.zeros(config.max_batch_size, dtype=torch.int32, device=self.device)
@@ -186,14 +192,11 @@ class Engine:
     def _forward(self, inputs, batch):
         """Run the model; returns (sampled tokens on the device, index of each entry's first gathered row)."""
         entries = batch.entries
-        tables = [entry.request.block_tables[0].view() for entry in entries]
-        tables += [None] * (inputs.padded_batch_size - len(entries))
         if self.config.check_inputs:
             expected = [entry.request_id for entry in entries] + [-1] * (inputs.padded_batch_size - len(entries))
             assert inputs.host.request_ids.tolist() == expected, (inputs.host.request_ids, expected)
         with torch.inference_mode():
-            logits = self.model.forward(inputs.input_ids, inputs.position_ids, inputs.host.cu_seqlens,
-                                        inputs.host.num_cached_tokens, inputs.gather_ids, self.cache, tables)
+            logits = self.model.forward(inputs, self.cache)
             sampled = logits.argmax(-1).to(torch.int32)
         # gathered rows: one per context / plain / device sequence, 1 + k per drafted one
         first, index = [], 0

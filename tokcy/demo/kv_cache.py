@@ -10,7 +10,6 @@ With ``poison=True`` every block is filled with NaN when it is allocated, so a r
 position nobody wrote shows up as a wrong token instead of passing by luck.
 """
 
-import numpy as np
 import torch
 
 from tokcy.demo.model import DTYPE
@@ -21,7 +20,8 @@ class PoolExhausted(RuntimeError):
 
 
 class PagedKVCache:
-    def __init__(self, num_blocks, block_size, num_layers, num_heads, head_dim, *, device="cpu", poison=False):
+    def __init__(self, num_blocks, block_size, num_layers, num_heads, head_dim, *, device="cpu", poison=False,
+                 dtype=DTYPE):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
@@ -29,8 +29,8 @@ class PagedKVCache:
         self.device = torch.device(device)
         self.poison = poison
         shape = (num_layers, num_blocks * block_size, num_heads, head_dim)
-        self.keys = torch.zeros(shape, dtype=DTYPE, device=self.device)
-        self.values = torch.zeros(shape, dtype=DTYPE, device=self.device)
+        self.keys = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.values = torch.zeros(shape, dtype=dtype, device=self.device)
         self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ... first
         self.num_allocated_total = 0
 
@@ -86,10 +86,6 @@ class PagedKVCache:
 
     # storage -----------------------------------------------------------------------
     def layer(self, index):
-        """(keys, values) of one layer, each (num_slots, heads, head_dim)."""
+        """(keys, values) of one layer, each (num_slots, kv heads, head_dim), flat by slot
+        (slot = block * block_size + offset: ``slot_mapping`` indexes it directly)."""
         return self.keys[index], self.values[index]
-
-    def slots(self, block_ids, positions):
-        """Cache slots of ``positions`` (a long tensor) through ``block_ids`` (array-like)."""
-        table = torch.from_numpy(np.asarray(block_ids, dtype=np.int64)).to(self.device)
-        return table[positions // self.block_size] * self.block_size + positions % self.block_size

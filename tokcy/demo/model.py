@@ -1,19 +1,39 @@
-"""A tiny decoder-only transformer that consumes tokcy's flat inputs and a paged KV cache.
+"""A tiny decoder-only transformer that consumes tokcy's prepared inputs and a paged KV cache.
 
 Token embedding, ``num_layers`` x (RMSNorm, rotary multi-head attention, RMSNorm, gated
 MLP), final RMSNorm and LM head. Weights come from a fixed seed; everything is float64 so
 that the engine (batched, paged, chunked) and the reference (one request, full recompute)
 pick the same greedy token.
 
-``forward`` reads exactly what ``tokcy.executor`` produces: ``input_ids`` and
-``position_ids`` (one per token row), ``cu_seqlens`` / ``num_cached_tokens`` (one per
-sequence), ``gather_ids`` (rows whose logits are wanted), plus one block-id array per
-sequence (``None`` for a padding sequence). Attention is a plain per-sequence loop: the
-new keys and values are written into the cache slots the block table gives for positions
-``cached .. cached + len - 1``, then the sequence attends to every position ``0 .. cached
-+ len - 1`` read back through the block table, causally within the chunk. Padding
-sequences are computed (attending to themselves only, writing nothing) and their rows
-are never gathered.
+The model contract (what ``tokcy.demo.engine.Engine`` needs of a model)
+-----------------------------------------------------------------------
+
+``model.forward(inputs, kv_cache)`` returns the logits ``(len(inputs.gather_ids), vocab)``
+of the gathered rows, after writing every token row's new K/V into ``kv_cache``.
+
+* ``inputs`` is what ``tokcy.executor.InputPreparer.prepare`` returns (a ``DeviceInputs``
+  of a preparer made with a block size): device tensors ``input_ids``, ``position_ids``,
+  ``gather_ids`` (one entry per token row / gathered row), per sequence ``cu_seqlens``,
+  ``seq_lens``, ``num_cached_tokens``, ``kv_lens`` (cached + this step's tokens) and
+  ``cu_kv_seqlens``; the ints ``max_query_len``, ``max_kv_len``; ``slot_mapping`` (int64
+  per token row: the cache slot its K/V goes to, -1 for a padding row, which writes
+  nothing); ``block_table`` (sequences x max_blocks_per_seq, int32: block ``j`` of the
+  sequence holds its positions ``j * block_size ...``; zero past its blocks); the paged
+  CSR ``kv_indptr``, ``kv_indices``, ``kv_last_page_len``; and ``groups[g]`` with the
+  same per-group arrays when layers use different block tables (group 0 is the top level).
+  Padding sequences have ``kv_lens`` 0 and no blocks; their rows are never gathered.
+* ``kv_cache`` is a ``tokcy.demo.kv_cache.PagedKVCache``: ``kv_cache.layer(i)`` gives
+  that layer's ``(keys, values)``, each ``(num_slots, num_kv_heads, head_dim)``, flat by
+  slot (slot = block * block_size + offset), and ``kv_cache.block_size``.
+* The engine reads ``model.config.num_layers``, ``model.config.num_kv_heads`` (may differ
+  from the number of query heads), ``model.config.head_dim``, ``model.device`` and
+  ``model.dtype`` to build the cache.
+
+How this model does it: one indexed write per layer puts the rows' K/V at
+``slot_mapping``; the keys and values of every sequence are read back through
+``block_table`` as one (sequences, max_kv_len) gather, and each row attends, causally by
+absolute position, to its own sequence's first ``kv_lens`` positions. No per-sequence
+Python loop and no Python arithmetic on slots.
 """
 
 from dataclasses import dataclass
@@ -38,6 +58,10 @@ class ModelConfig:
     def head_dim(self):
         return self.d_model // self.num_heads
 
+    @property
+    def num_kv_heads(self):
+        return self.num_heads
+
 
 # ---------------------------------------------------------------- shared math (also used by the reference)
 def rms_norm(x, weight, eps):
@@ -58,21 +82,13 @@ def mlp(x, layer):
     return (torch.nn.functional.silu(x @ layer["w_gate"]) * (x @ layer["w_up"])) @ layer["w_down"]
 
 
-def attend(q, k, v, query_positions, key_positions):
-    """q (Lq, H, D), k/v (Lk, H, D): causal softmax attention by absolute position."""
-    scale = q.shape[-1] ** -0.5
-    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-    mask = key_positions[None, :] > query_positions[:, None]  # (Lq, Lk): key in the future
-    scores = scores.masked_fill(mask[None], float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
-
-
 class TinyTransformer:
     """Weights plus two entry points: ``forward`` (paged, batched) and the pieces the reference reuses."""
 
     def __init__(self, config=ModelConfig(), device="cpu"):
         self.config = config
         self.device = torch.device(device)
+        self.dtype = DTYPE
         generator = torch.Generator().manual_seed(config.seed)
         d, h, v = config.d_model, config.mlp_hidden, config.vocab_size
 
@@ -120,49 +136,58 @@ class TinyTransformer:
         return rms_norm(hidden, self.final_norm, self.config.norm_eps) @ self.lm_head
 
     # the engine's forward ----------------------------------------------------------
-    def forward(self, input_ids, position_ids, cu_seqlens, num_cached_tokens, gather_ids, kv_cache, block_tables):
-        """Logits (len(gather_ids), vocab) for the gathered rows; new K/V written to ``kv_cache``.
-
-        ``block_tables[s]`` is sequence s's block ids (array-like) or ``None`` for padding.
-        Index arguments may be numpy arrays or torch tensors.
-        """
-        device = self.device
-        input_ids = torch.as_tensor(input_ids, device=device).long()
-        position_ids = torch.as_tensor(position_ids, device=device).long()
-        gather_ids = torch.as_tensor(gather_ids, device=device).long()
-        cu = [int(v) for v in torch.as_tensor(cu_seqlens).tolist()]
-        cached = [int(v) for v in torch.as_tensor(num_cached_tokens).tolist()]
-        num_sequences = len(cu) - 1
-        if len(block_tables) < num_sequences:
-            raise ValueError(f"{len(block_tables)} block tables for {num_sequences} sequences")
-
-        # per sequence, once for all layers: the slots of its new rows and of all its positions
-        plans = []
-        for s in range(num_sequences):
-            start, end = cu[s], cu[s + 1]
-            table = block_tables[s]
-            if table is None:  # padding: attends to itself, writes nothing
-                plans.append((start, end, None, None, None))
-                continue
-            length = end - start
-            total = cached[s] + length
-            all_positions = torch.arange(total, device=device)
-            slots = kv_cache.slots(table, all_positions)
-            plans.append((start, end, slots[cached[s]:], slots, all_positions))
-
-        x = self.embedding[input_ids]
+    def forward(self, inputs, kv_cache):
+        """Logits (len(inputs.gather_ids), vocab) for the gathered rows; new K/V written to
+        ``kv_cache`` (see the model contract in the module docstring)."""
+        slots = inputs.slot_mapping
+        written = torch.nonzero(slots >= 0).squeeze(1)  # padding rows write nothing
+        written_slots = slots.index_select(0, written)
+        layout = BatchLayout(inputs, kv_cache.block_size)
+        x = self.embedding[inputs.input_ids.long()]
         for index, layer in enumerate(self.layers):
-            q, k, v = self.qkv(layer, x, position_ids)
+            q, k, v = self.qkv(layer, x, inputs.position_ids.long())
             keys, values = kv_cache.layer(index)
-            out = torch.empty_like(q)
-            for start, end, new_slots, slots, all_positions in plans:
-                rows = slice(start, end)
-                if slots is None:
-                    out[rows] = attend(q[rows], k[rows], v[rows], position_ids[rows], position_ids[rows])
-                    continue
-                keys[new_slots] = k[rows]
-                values[new_slots] = v[rows]
-                query_positions = all_positions[len(all_positions) - (end - start):]
-                out[rows] = attend(q[rows], keys[slots], values[slots], query_positions, all_positions)
-            x = self.finish_layer(layer, x, out)
-        return self.logits(x[gather_ids])
+            keys.index_copy_(0, written_slots, k.index_select(0, written))  # one indexed write each
+            values.index_copy_(0, written_slots, v.index_select(0, written))
+            x = self.finish_layer(layer, x, layout.attend(q, keys, values))
+        return self.logits(x[inputs.gather_ids.long()])
+
+
+class BatchLayout:
+    """Where every sequence's queries and keys are, computed once per forward on the device.
+
+    Queries are laid out (sequences, max_query_len) by their row; keys (sequences,
+    max_kv_len) by position, their cache slots read through the block table. A query of
+    sequence s at offset i sits at position kv_len - seq_len + i and sees the keys at
+    positions <= its own and < kv_len.
+    """
+
+    def __init__(self, inputs, block_size):
+        device = inputs.block_table.device
+        num_rows = len(inputs.position_ids)
+        seq_lens, kv_lens = inputs.seq_lens.long(), inputs.kv_lens.long()
+        max_query_len, max_kv_len = max(int(inputs.max_query_len), 1), max(int(inputs.max_kv_len), 1)
+        positions = torch.arange(max_kv_len, device=device)
+        blocks = inputs.block_table.long().index_select(1, positions // block_size)
+        self.key_slots = blocks * block_size + positions % block_size
+        self.key_valid = positions[None, :] < kv_lens[:, None]
+        sequences = torch.arange(len(seq_lens), device=device)
+        self.row_sequence = torch.repeat_interleave(sequences, seq_lens, output_size=num_rows)
+        self.row_offset = torch.arange(num_rows, device=device) - inputs.cu_seqlens.long()[self.row_sequence]
+        query_positions = (kv_lens - seq_lens)[:, None] + torch.arange(max_query_len, device=device)[None, :]
+        self.visible = self.key_valid[:, None, :] & (positions[None, None, :] <= query_positions[:, :, None])
+        self.query_shape = (len(seq_lens), max_query_len)
+
+    def attend(self, q, keys, values):
+        """Each row's attention over its sequence's keys, gathered by slot. Keys past a
+        sequence's KV read slot 0's block: masked, and their values zeroed so that a
+        NaN-poisoned block cannot leak through 0 * NaN; a query that sees nothing
+        (padding) gets zeros."""
+        k = keys[self.key_slots]  # (sequences, max_kv_len, heads, dim)
+        v = torch.where(self.key_valid[..., None, None], values[self.key_slots], 0.0)
+        queries = q.new_zeros(self.query_shape + q.shape[1:])
+        queries[self.row_sequence, self.row_offset] = q
+        scores = torch.einsum("sqhd,skhd->shqk", queries, k) * q.shape[-1] ** -0.5
+        scores = scores.masked_fill(~self.visible[:, None], float("-inf"))
+        probs = torch.nan_to_num(scores.softmax(-1), nan=0.0)
+        return torch.einsum("shqk,skhd->sqhd", probs, v)[self.row_sequence, self.row_offset]

@@ -15,6 +15,7 @@ runs with CPU tensors, no pinning and no events. torch is imported when an
 
 import numpy as np
 
+from tokcy import _backend
 from tokcy.executor._host import (
     ARRAY_FIELDS,
     COUNT_FIELDS,
@@ -23,6 +24,7 @@ from tokcy.executor._host import (
     capacity_lengths,
     prepare_inputs,
 )
+from tokcy.executor._metadata import METADATA_FIELDS, LayerGroupInputs, MetadataBuffers, block_sizes_arg
 
 # Packed order: per-sequence arrays first, token-sized arrays last, input_ids at the end.
 _PACKED_ORDER = (
@@ -40,13 +42,28 @@ _PACKED_ORDER = (
 )
 
 
-def _packed_layout(max_num_tokens, max_batch_size, max_draft_len):
+def _metadata_lengths(max_num_tokens, max_batch_size, num_groups):
+    """{packed name: entries} of the attention metadata the host writes (``name/g`` per group)."""
+    lengths = {"kv_lens": max_batch_size, "cu_kv_seqlens": max_batch_size + 1, "table_slots": max_batch_size}
+    for group in range(num_groups):
+        lengths[f"kv_indptr/{group}"] = max_batch_size + 1
+        lengths[f"kv_last_page_len/{group}"] = max_batch_size
+        lengths[f"slot_mapping/{group}"] = max_num_tokens
+    return lengths
+
+
+def _packed_layout(max_num_tokens, max_batch_size, max_draft_len, num_groups=0):
     """{name: (offset, length in elements, width in int32 words)} and the total int32 words."""
     lengths = capacity_lengths(max_num_tokens, max_batch_size, max_draft_len)
+    order = _PACKED_ORDER
+    if num_groups:
+        extra = _metadata_lengths(max_num_tokens, max_batch_size, num_groups)
+        lengths.update(extra)
+        order = tuple(extra) + _PACKED_ORDER  # input_ids stays last
     layout = {}
     offset = 0
-    for name in _PACKED_ORDER:
-        width = 2 if name == "request_ids" else 1
+    for name in order:
+        width = 2 if name == "request_ids" or name.startswith("slot_mapping/") else 1
         if width == 2 and offset % 2:
             offset += 1  # int64 alignment
         layout[name] = (offset, lengths[name], width)
@@ -67,7 +84,7 @@ class DeviceInputs:
     slicing a tensor costs a microsecond or two, and decode batches repeat their sizes.
     """
 
-    __slots__ = ARRAY_FIELDS + ("host", "_preparer")
+    __slots__ = ARRAY_FIELDS + METADATA_FIELDS + ("host", "_preparer")
 
     def __init__(self, preparer, host):
         self._preparer = preparer
@@ -80,6 +97,8 @@ class DeviceInputs:
             return view
         if name in COUNT_FIELDS:
             return getattr(self.host, name)
+        if name in METADATA_FIELDS:  # a call without a block size
+            return None
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self):
@@ -95,11 +114,21 @@ class InputPreparer:
     beams per request. ``device``: "cpu", "cuda", "cuda:1" or a ``torch.device``.
     ``tensors`` holds the full-capacity device tensors; their addresses never change, so
     CUDA graphs may capture them.
+
+    ``block_size`` (or ``block_sizes``, one per layer group) with ``max_blocks_per_seq``:
+    every ``prepare`` also builds the attention metadata (docs/attention.md), and the
+    preparer keeps ``block_table``, a persistent (groups, ``max_slots``,
+    ``max_blocks_per_seq``) device table indexed by ``seq_slot`` (default max_slots:
+    ``max_batch_size``), updated by sending only the entries that changed.
+    ``last_copy_bytes``: the bytes the last ``prepare`` copied host-to-device.
     """
 
     def __init__(self, max_num_tokens, max_batch_size, *, max_draft_len=0, max_beam_width=1, device="cpu",
-                 num_staging_buffers=2):
+                 num_staging_buffers=2, block_size=None, block_sizes=None, max_blocks_per_seq=None,
+                 max_slots=None):
         import torch
+
+        from tokcy.executor._device_table import DeviceBlockTable
 
         self.max_num_tokens = _count(max_num_tokens, "max_num_tokens")
         self.max_batch_size = _count(max_batch_size, "max_batch_size")
@@ -111,9 +140,25 @@ class InputPreparer:
         if self.is_cuda and num_staging_buffers < 2:
             raise ValueError(f"num_staging_buffers must be >= 2 with CUDA, got {num_staging_buffers}")
         self._torch = torch
-        layout, total = _packed_layout(self.max_num_tokens, self.max_batch_size, self.max_draft_len)
+        self.block_sizes = block_sizes_arg(block_size, block_sizes)
+        num_groups = 0 if self.block_sizes is None else len(self.block_sizes)
+        if num_groups and max_blocks_per_seq is None:
+            raise ValueError("a block size needs max_blocks_per_seq (the device block table's width)")
+        if num_groups and self.max_beam_width != 1:
+            raise ValueError(f"attention metadata needs max_beam_width 1, got {self.max_beam_width}")
+        layout, total = _packed_layout(self.max_num_tokens, self.max_batch_size, self.max_draft_len, num_groups)
         self._layout = layout
         self._input_ids_end = layout["input_ids"][0]  # + num_tokens: the used prefix
+        self.device_table = None
+        if num_groups:
+            self.max_blocks_per_seq = _count(max_blocks_per_seq, "max_blocks_per_seq", 1)
+            self.max_slots = self.max_batch_size if max_slots is None else _count(max_slots, "max_slots", 1)
+            self.device_table = DeviceBlockTable(torch, self.device, num_groups, self.max_slots,
+                                                 self.max_blocks_per_seq, self.max_batch_size)
+            # changed entries (an index and a value each) go after the used input ids: at most
+            # every entry of every sequence's row, in every group
+            total += 2 * self.max_batch_size * num_groups * self.max_blocks_per_seq
+        self.last_copy_bytes = 0
         self._device_packed = torch.zeros(max(total, 1), dtype=torch.int32, device=self.device)
         self.tensors = {name: self._field(self._device_packed, name) for name in ARRAY_FIELDS}
         self._views = {name: {} for name in ARRAY_FIELDS}
@@ -128,8 +173,14 @@ class InputPreparer:
                 view = packed[offset : offset + length * width]
                 arrays[name] = view.view(np.int64) if width == 2 else view
             self._staging.append(staging)
+            metadata = None
+            if num_groups:
+                metadata = self.device_table.host_metadata(
+                    self._metadata_views(packed, num_groups), self._packed_field(packed, "table_slots"),
+                    packed[self._input_ids_end :])
             self._host.append(HostBuffers.from_arrays(max_draft_len=self.max_draft_len,
-                                                      max_beam_width=self.max_beam_width, **arrays))
+                                                      max_beam_width=self.max_beam_width, metadata=metadata,
+                                                      **arrays))
         self._events = [torch.cuda.Event() for _ in self._staging] if self.is_cuda else None
         self._recorded = [False] * num_staging_buffers
         self._next = 0
@@ -144,6 +195,26 @@ class InputPreparer:
                 views.clear()
             view = views[length] = self.tensors[name][:length]
         return view
+
+    def _packed_field(self, packed, name):
+        offset, length, width = self._layout[name]
+        view = packed[offset : offset + length * width]
+        return view.view(np.int64) if width == 2 else view
+
+    def _metadata_views(self, packed, num_groups):
+        groups = range(num_groups)
+        return {
+            "kv_lens": self._packed_field(packed, "kv_lens"),
+            "cu_kv_seqlens": self._packed_field(packed, "cu_kv_seqlens"),
+            "slot_mapping": [self._packed_field(packed, f"slot_mapping/{group}") for group in groups],
+            "kv_indptr": [self._packed_field(packed, f"kv_indptr/{group}") for group in groups],
+            "kv_last_page_len": [self._packed_field(packed, f"kv_last_page_len/{group}") for group in groups],
+        }
+
+    @property
+    def block_table(self):
+        """The persistent device block table (groups, max_slots, max_blocks_per_seq), or None."""
+        return None if self.device_table is None else self.device_table.table
 
     def _field(self, packed, name):
         offset, length, width = self._layout[name]
@@ -185,7 +256,8 @@ class InputPreparer:
             self._events[slot].synchronize()  # its previous copy is done: safe to refill
         host = prepare_inputs(context_requests, generation_requests, first_draft_requests=first_draft_requests,
                               device_token_requests=device_token_requests, max_draft_len=self.max_draft_len,
-                              cuda_graph_batch_sizes=cuda_graph_batch_sizes, out=self._host[slot])
+                              cuda_graph_batch_sizes=cuda_graph_batch_sizes, out=self._host[slot],
+                              block_sizes=self.block_sizes)
         count = len(host.device_token_slots)
         if count and int(host.device_token_slots.max()) >= previous.shape[0]:
             # checked before the copy: a failed call leaves the device tensors as they were
@@ -193,7 +265,12 @@ class InputPreparer:
             raise ValueError(f"seq_slot {bad} is out of range for previous_new_tokens of {previous.shape[0]} slots")
         self._next = (slot + 1) % len(self._staging)
         used = self._input_ids_end + host.num_tokens
+        num_changed = 0
+        if self.block_sizes is not None:
+            num_changed = self._host[slot].metadata.bound().num_changed_entries
+            used += 2 * num_changed
         self._device_packed[:used].copy_(self._staging[slot][:used], non_blocking=self.is_cuda)
+        self.last_copy_bytes = used * 4
         if self._events is not None:
             # the copy runs on the inputs' device's current stream: fence that stream
             self._events[slot].record(torch.cuda.current_stream(self._device_packed.device))
@@ -202,7 +279,48 @@ class InputPreparer:
             start = host.device_token_row_start
             tokens = previous.index_select(0, self._view("device_token_slots", count))
             self.tensors["input_ids"][start : start + count].copy_(tokens)
-        return DeviceInputs(self, host)
+        inputs = DeviceInputs(self, host)
+        if self.block_sizes is not None:
+            self._device_metadata(inputs, host, num_changed)
+        return inputs
+
+    def _device_metadata(self, inputs, host, num_changed):
+        """Scatter the changed entries into the device table, gather the batch's tables,
+        and set the metadata attributes of ``inputs`` (device views)."""
+        padded, num_tokens = host.padded_batch_size, host.num_tokens
+        kv_lens = self._packed_view("kv_lens", padded)
+        table_slots = self._packed_view("table_slots", padded)
+        indptrs = [self._packed_view(f"kv_indptr/{group}", padded + 1) for group in range(len(self.block_sizes))]
+        num_indices = [int(group.kv_indptr[padded]) for group in host.groups]
+        tables = self.device_table.apply(self._device_packed, self._input_ids_end + num_tokens, num_changed, kv_lens,
+                                         table_slots, indptrs, self.block_sizes, num_indices)
+        groups = []
+        for group, (block_size, (dense, indices)) in enumerate(zip(self.block_sizes, tables)):
+            groups.append(LayerGroupInputs(
+                block_size=block_size, slot_mapping=self._packed_view(f"slot_mapping/{group}", num_tokens),
+                block_table=dense, kv_indptr=indptrs[group], kv_indices=indices,
+                kv_last_page_len=self._packed_view(f"kv_last_page_len/{group}", padded)))
+        first = groups[0]
+        inputs.kv_lens = kv_lens
+        inputs.cu_kv_seqlens = self._packed_view("cu_kv_seqlens", padded + 1)
+        inputs.max_query_len = host.max_query_len
+        inputs.max_kv_len = host.max_kv_len
+        inputs.slot_mapping = first.slot_mapping
+        inputs.block_table = first.block_table
+        inputs.kv_indptr = first.kv_indptr
+        inputs.kv_indices = first.kv_indices
+        inputs.kv_last_page_len = first.kv_last_page_len
+        inputs.groups = tuple(groups)
+
+    def _packed_view(self, name, length):
+        """A metadata field of the device packed buffer, ``[:length]``, cached by length."""
+        views = self._views.setdefault(name, {})
+        view = views.get(length)
+        if view is None:
+            if len(views) >= _MAX_CACHED_VIEWS:
+                views.clear()
+            view = views[length] = self._field(self._device_packed, name)[:length]
+        return view
 
     def synchronize(self):
         """Wait until every staging copy issued so far has finished (no-op without CUDA)."""

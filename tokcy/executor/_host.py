@@ -10,6 +10,7 @@ import operator
 import numpy as np
 
 from tokcy import _backend
+from tokcy.executor._metadata import METADATA_FIELDS, MetadataBuffers, attach, block_sizes_arg
 
 #: The array attributes of ``PreparedInputs``, in the order ``InputWriter.bind`` takes them.
 ARRAY_FIELDS = (
@@ -82,10 +83,15 @@ class PreparedInputs:
     generation requests that carry drafts with their ``draft_lens``, and the
     ``device_token_slots`` of the device-token rows. Counts: see ``COUNT_FIELDS``.
 
+    With a block size, also the attention metadata (``METADATA_FIELDS``: ``kv_lens``,
+    ``cu_kv_seqlens``, ``max_query_len``, ``max_kv_len``, group 0's ``slot_mapping``,
+    ``block_table``, ``kv_indptr``, ``kv_indices``, ``kv_last_page_len``, and ``groups``,
+    one ``LayerGroupInputs`` per layer group); without one these read None.
+
     With ``out=`` the arrays are views of the holder's buffers: the next call overwrites them.
     """
 
-    __slots__ = ARRAY_FIELDS + COUNT_FIELDS
+    __slots__ = ARRAY_FIELDS + COUNT_FIELDS + METADATA_FIELDS
 
     def __init__(self, arrays, counts):
         for name, array, used in zip(ARRAY_FIELDS, arrays, _used_lengths(counts)):
@@ -93,13 +99,20 @@ class PreparedInputs:
         for name, value in zip(COUNT_FIELDS, counts):
             setattr(self, name, value)
 
+    def __getattr__(self, name):  # only called for a slot never set: metadata of a call without one
+        if name in METADATA_FIELDS:
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def __repr__(self):
         counts = ", ".join(f"{name}={getattr(self, name)}" for name in COUNT_FIELDS)
         return f"PreparedInputs({counts})"
 
     def asdict(self):
-        """Every field as a dict (arrays are the same views, not copies)."""
-        return {name: getattr(self, name) for name in ARRAY_FIELDS + COUNT_FIELDS}
+        """Every field as a dict (arrays are the same views, not copies); the metadata
+        fields only when the call wrote them."""
+        names = ARRAY_FIELDS + COUNT_FIELDS + (METADATA_FIELDS if self.groups is not None else ())
+        return {name: getattr(self, name) for name in names}
 
 
 class HostBuffers:
@@ -107,22 +120,31 @@ class HostBuffers:
     ``max_num_tokens`` token rows and ``max_batch_size`` sequences (beams and padding
     included), ``max_batch_size * max_draft_len`` draft tokens; ``max_beam_width`` (None:
     no limit beyond the sequences) caps a plain generation request's beams.
+
+    ``max_blocks_per_seq`` (None: no metadata) sizes the attention metadata for calls with
+    a block size: that many blocks per block table, ``num_layer_groups`` layer groups.
     """
 
-    __slots__ = ("arrays", "max_num_tokens", "max_batch_size", "max_draft_len", "max_beam_width", "_writers")
+    __slots__ = ("arrays", "max_num_tokens", "max_batch_size", "max_draft_len", "max_beam_width", "metadata",
+                 "_writers")
 
-    def __init__(self, max_num_tokens, max_batch_size, max_draft_len=0, *, max_beam_width=None):
+    def __init__(self, max_num_tokens, max_batch_size, max_draft_len=0, *, max_beam_width=None,
+                 max_blocks_per_seq=None, num_layer_groups=1):
         max_num_tokens = _count(max_num_tokens, "max_num_tokens")
         max_batch_size = _count(max_batch_size, "max_batch_size")
         max_draft_len = _count(max_draft_len, "max_draft_len")
+        metadata = None
+        if max_blocks_per_seq is not None:
+            metadata = MetadataBuffers(max_num_tokens, max_batch_size, _count(max_blocks_per_seq, "max_blocks_per_seq", 1),
+                                       _count(num_layer_groups, "num_layer_groups", 1))
         arrays = capacity_lengths(max_num_tokens, max_batch_size, max_draft_len)
         arrays = {
             name: np.zeros(size, dtype=np.int64 if name == "request_ids" else np.int32) for name, size in arrays.items()
         }
-        self._setup(arrays, max_draft_len, max_beam_width)
+        self._setup(arrays, max_draft_len, max_beam_width, metadata)
 
     @classmethod
-    def from_arrays(cls, *, max_draft_len=0, max_beam_width=None, **arrays):
+    def from_arrays(cls, *, max_draft_len=0, max_beam_width=None, metadata=None, **arrays):
         """A holder over caller-owned arrays (each 1-D, C-contiguous, writable; int32, and
         int64 for ``request_ids``), e.g. views of one packed staging buffer.
         TypeError for a wrong type or dtype, ValueError for a wrong shape or layout."""
@@ -131,10 +153,10 @@ class HostBuffers:
         if missing or extra:
             raise TypeError(f"from_arrays() needs exactly the arrays {ARRAY_FIELDS}; missing {missing}, unknown {extra}")
         self = cls.__new__(cls)
-        self._setup(arrays, _count(max_draft_len, "max_draft_len"), max_beam_width)
+        self._setup(arrays, _count(max_draft_len, "max_draft_len"), max_beam_width, metadata)
         return self
 
-    def _setup(self, arrays, max_draft_len, max_beam_width):
+    def _setup(self, arrays, max_draft_len, max_beam_width, metadata=None):
         for name in ARRAY_FIELDS:
             array = arrays[name]
             dtype = np.dtype(np.int64 if name == "request_ids" else np.int32)
@@ -152,6 +174,7 @@ class HostBuffers:
         self.max_batch_size = min(min(len(arrays[name]) for name in per_sequence), len(arrays["cu_seqlens"]) - 1)
         self.max_draft_len = max_draft_len
         self.max_beam_width = None if max_beam_width is None else _count(max_beam_width, "max_beam_width", 1)
+        self.metadata = metadata
         self._writers = {}
 
     def __getattr__(self, name):
@@ -172,6 +195,8 @@ class HostBuffers:
         if writer is None:
             writer = module.InputWriter()
             writer.bind(*self.arrays)
+            if self.metadata is not None:
+                writer.set_metadata(self.metadata.bound(module))
             self._writers[module] = writer
         return writer
 
@@ -183,7 +208,8 @@ def _check_draft_len(max_draft_len):
 
 
 def prepare_inputs(context_requests, generation_requests, *, first_draft_requests=(), device_token_requests=(),
-                   max_draft_len=0, cuda_graph_batch_sizes=None, out=None):
+                   max_draft_len=0, cuda_graph_batch_sizes=None, out=None, block_size=None, block_sizes=None,
+                   max_blocks_per_seq=None):
     """Build the model inputs of one iteration in one pass (DESIGN.md, "Hot loop 1").
 
     Row order: ``context_requests`` (chunk [p, p + c) of beam 0), then the requests of
@@ -194,13 +220,23 @@ def prepare_inputs(context_requests, generation_requests, *, first_draft_request
     ``seq_slot``), then padding rows up to the smallest of ``cuda_graph_batch_sizes``
     that holds the batch (only for batches without context and first-draft requests).
 
+    ``block_size`` (one layer group) or ``block_sizes`` (one per group): also write the
+    attention metadata (docs/attention.md); ``max_blocks_per_seq`` is the dense table's
+    width without ``out`` (default: the longest block table of the batch).
+
     ``out``: a ``HostBuffers`` to write into (no allocation); without it, arrays are
-    allocated to fit. Returns a ``PreparedInputs``. Cost O(batch + emitted tokens).
+    allocated to fit. Returns a ``PreparedInputs``. Cost O(batch + emitted tokens), plus
+    O(blocks held) for the host block tables.
     Raises TypeError / ValueError, before writing anything, for a bad batch.
     """
     max_draft_len = _check_draft_len(max_draft_len)
+    sizes_per_group = None if block_size is None and block_sizes is None else block_sizes_arg(block_size, block_sizes)
     module = _backend.module
     if out is None:
+        if sizes_per_group is not None:  # planned twice below
+            context_requests, generation_requests, first_draft_requests, device_token_requests = (
+                tuple(group) for group in (context_requests, generation_requests, first_draft_requests,
+                                           device_token_requests))
         writer = module.InputWriter()
         num_tokens, num_gather, padded, num_drafts, num_draft_requests, num_device = writer.plan(
             context_requests, generation_requests, first_draft_requests, device_token_requests, max_draft_len,
@@ -210,10 +246,28 @@ def prepare_inputs(context_requests, generation_requests, *, first_draft_request
         arrays = [np.empty(size, dtype=np.int64 if index == _REQUEST_IDS else np.int32)
                   for index, size in enumerate(sizes)]
         writer.bind(*arrays)
-        return PreparedInputs(arrays, writer.write())
+        if sizes_per_group is None:
+            return PreparedInputs(arrays, writer.write())
+        # the token sizes are known: make the metadata arrays, then plan again with them
+        requests = (context_requests, generation_requests, first_draft_requests, device_token_requests)
+        if max_blocks_per_seq is None:
+            max_blocks_per_seq = max([len(table) for group in requests for request in group
+                                      for table in request.block_tables] + [1])
+        metadata = MetadataBuffers(num_tokens, padded, _count(max_blocks_per_seq, "max_blocks_per_seq", 1),
+                                   len(sizes_per_group))
+        writer.set_metadata(metadata.bound(module))
+        writer.plan(*requests, max_draft_len, cuda_graph_batch_sizes, 0, sizes_per_group)
+        prepared = PreparedInputs(arrays, writer.write())
+        attach(prepared, metadata, metadata.bound(module).results(), sizes_per_group, num_tokens, padded)
+        return prepared
     if not isinstance(out, HostBuffers):
         raise TypeError(f"out must be a tokcy.executor.HostBuffers, not {type(out).__name__}")
     counts = out.writer(module).prepare(
         context_requests, generation_requests, first_draft_requests, device_token_requests, max_draft_len,
-        cuda_graph_batch_sizes, out.max_beam_width or 0)
-    return PreparedInputs(out.arrays, counts)
+        cuda_graph_batch_sizes, out.max_beam_width or 0, sizes_per_group)
+    prepared = PreparedInputs(out.arrays, counts)
+    if sizes_per_group is not None:
+        attach(prepared, out.metadata, out.metadata.bound(module).results(), sizes_per_group, prepared.num_tokens,
+               prepared.padded_batch_size)
+    return prepared
+

@@ -1,0 +1,104 @@
+"""Bad input to the attention metadata: a clear error naming the request (and group),
+the same on both backends, raised before anything is written or consumed."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from tokcy import RequestState
+from tokcy.executor import HostBuffers, InputPreparer, prepare_inputs
+
+GENERATING = RequestState.GENERATION_IN_PROGRESS
+
+
+def request(module, request_id, num_tokens, blocks, *, slot=None, beam_width=1, groups=1):
+    item = module.Request(request_id, list(range(num_tokens)), beam_width=beam_width, num_layer_groups=groups)
+    item.state = GENERATING
+    for table in item.block_tables:
+        table.extend(blocks)
+    item.seq_slot = slot
+    return item
+
+
+def snapshot(holder, requests):
+    arrays = [array.copy() for array in holder.arrays]
+    meta = holder.metadata
+    arrays += [array.copy() for array in (meta.kv_lens, meta.cu_kv_seqlens) + meta.slot_mapping + meta.block_table]
+    return arrays, [pickle.dumps(item) for item in requests]
+
+
+CASES = [
+    # (description, requests builder, block sizes, expected message)
+    ("table too short", lambda m: [request(m, 7, 9, [1, 2])], (4,),
+     "request 7 group 0: position 8 needs block 2, but its block table holds only 2 blocks"),
+    ("released block written", lambda m: [request(m, 8, 9, [1, 2, 3])], (4,), None),
+    ("more blocks than max_blocks_per_seq", lambda m: [request(m, 9, 5, [1, 2, 3, 4, 5])], (4,),
+     "request 9 group 0: its block table holds 5 blocks, above max_blocks_per_seq 4"),
+    ("beams", lambda m: [request(m, 10, 5, [1, 2], beam_width=2)], (4,),
+     "request 10 has beam_width 2, but attention metadata (a block size) needs beam_width 1"),
+    ("group count", lambda m: [request(m, 11, 5, [1, 2])], (4, 4),
+     "request 11 has 1 layer groups but block_sizes gives 2"),
+    ("second group short", lambda m: [request(m, 12, 5, [1, 2], groups=2)], (4, 2),
+     "request 12 group 1: position 4 needs block 2, but its block table holds only 2 blocks"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_bad_tables_raise_before_writing(backend, case):
+    name, build, block_sizes, message = case
+    requests = [request(backend, 1, 6, [5, 6, 7], groups=len(block_sizes))] + build(backend)
+    if name == "released block written":
+        requests[-1].block_tables[0].release_front(3)
+        message = "request 8 group 0: position 8 is in block 2, which the sliding window released"
+    holder = HostBuffers(16, 4, max_blocks_per_seq=4, num_layer_groups=2)
+    before = snapshot(holder, requests)
+    with pytest.raises(ValueError) as error:
+        prepare_inputs([], requests, block_sizes=block_sizes, out=holder)
+    assert message in str(error.value)
+    after = snapshot(holder, requests)
+    assert all(np.array_equal(x, y) for x, y in zip(before[0], after[0])) and before[1] == after[1]
+
+
+def test_block_table_ids_must_fit_int32(backend):
+    table = backend.Request(1, [1]).block_tables[0]
+    with pytest.raises(OverflowError):
+        table.append(2**31)
+    assert table.tolist() == []
+
+
+@pytest.mark.parametrize("sizes", [(0,), (-4,), ()])
+def test_bad_block_sizes(backend, sizes):
+    with pytest.raises(ValueError, match="block sizes must be >= 1"):
+        prepare_inputs([], [request(backend, 1, 3, [1])], block_sizes=sizes)
+
+
+def test_block_size_without_metadata_outputs(backend):
+    with pytest.raises(ValueError, match=r"HostBuffers\(\.\.\., max_blocks_per_seq=\.\.\.\)"):
+        prepare_inputs([], [request(backend, 1, 3, [1])], block_size=4, out=HostBuffers(8, 2))
+
+
+@pytest.mark.parametrize("problem", ["no slot", "slot out of range", "same slot twice"])
+def test_device_table_slots(backend, problem):
+    preparer = InputPreparer(16, 4, block_size=4, max_blocks_per_seq=4, max_slots=4)
+    first = request(backend, 1, 5, [1, 2], slot=0)
+    second = request(backend, 2, 5, [3, 4], slot={"no slot": None, "slot out of range": 4, "same slot twice": 0}[problem])
+    message = {
+        "no slot": "request 2 has no seq_slot; the device block table is indexed by it",
+        "slot out of range": "request 2 has seq_slot 4, outside the device block table's max_slots 4",
+        "same slot twice": "seq_slot 0 is used by both request 1 and request 2",
+    }[problem]
+    table = preparer.block_table.clone()
+    with pytest.raises(ValueError) as error:
+        preparer.prepare([], [first, second])
+    assert str(error.value) == message
+    assert torch.equal(preparer.block_table, table)
+    # nothing was consumed: the next good call sends request 1's table whole
+    preparer.prepare([], [first])
+    assert preparer.block_table[0, 0].tolist() == [1, 2, 0, 0]
+
+
+def test_preparer_needs_max_blocks_per_seq():
+    with pytest.raises(ValueError, match="max_blocks_per_seq"):
+        InputPreparer(8, 2, block_size=4)

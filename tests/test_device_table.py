@@ -1,0 +1,193 @@
+"""The device block table kept by deltas (CPU tensors here), both backends.
+
+* Random runs (appends, rewinds that free and re-allocate blocks, sliding-window releases,
+  pauses, requests leaving and slots handed to new requests, either reader skipping
+  steps): after every step the device rows of the scheduled requests equal their tables,
+  the gathered dense and CSR tables equal the host ones, and the connector reading the
+  same tables in the same run still passes its mirror check.
+* Counting: ``last_copy_bytes`` per decode step does not depend on the context length and
+  grows with the batch and with blocks added, not with blocks held.
+* With CUDA: the delta-updated table equals a full re-upload over many steps.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from attention_reference import assert_metadata, attention_reference
+from tokcy import RequestState
+from tokcy.connector import SchedulerOutputManager
+from tokcy.demo.connector import OffloadStore
+from tokcy.executor import InputPreparer, prepare_inputs
+
+GENERATING = RequestState.GENERATION_IN_PROGRESS
+WIDTH = 64
+SLOTS = 6
+
+
+class World:
+    """Requests, a LIFO block pool and two readers of the same tables."""
+
+    def __init__(self, module, rng, block_sizes, device="cpu"):
+        self.module, self.rng, self.block_sizes = module, rng, block_sizes
+        self.preparer = InputPreparer(64, SLOTS, block_sizes=block_sizes, max_blocks_per_seq=WIDTH,
+                                      max_slots=SLOTS, device=device)
+        self.manager, self.store = SchedulerOutputManager(), OffloadStore()
+        self.free = list(range(200, 0, -1))
+        self.used_slots = set()
+        self.live = []
+        self.next_id = 0
+        self.events = dict.fromkeys(("leave", "pause", "rewind", "release", "reused slot"), 0)
+
+    def blocks(self, count):
+        return [self.free.pop() for _ in range(count)]
+
+    def cover(self, request, num_positions):
+        for table, block_size in zip(request.block_tables, self.block_sizes):
+            missing = -(-num_positions // block_size) - len(table)
+            if missing > 0:
+                table.extend(self.blocks(missing))
+
+    def shrink(self, request, num_positions):
+        for table, block_size in zip(request.block_tables, self.block_sizes):
+            keep = -(-num_positions // block_size)
+            if keep < len(table):
+                self.free.extend(block for block in table.tolist()[keep:] if block >= 0)
+                table.truncate(keep)
+
+    def free_slot(self):
+        used = {request.seq_slot for request in self.live}
+        return next(slot for slot in range(SLOTS) if slot not in used)
+
+    def add(self):
+        prompt_len = int(self.rng.integers(1, 20))
+        request = self.module.Request(self.next_id, list(range(prompt_len)), num_layer_groups=len(self.block_sizes))
+        self.next_id += 1
+        request.seq_slot = self.free_slot()
+        self.events["reused slot"] += request.seq_slot in self.used_slots
+        self.used_slots.add(request.seq_slot)
+        self.live.append(request)
+
+    def step(self, index):
+        rng = self.rng
+        if len(self.live) < SLOTS and rng.random() < 0.3:
+            self.add()
+        for request in list(self.live):
+            event = rng.random()
+            if event < 0.05 or request.get_num_tokens(0) > 56:  # leaves: its slot goes to the next new request
+                self.events["leave"] += 1
+                self.shrink(request, 0)
+                self.live.remove(request)
+                self.manager.request_finished(request.request_id)
+                self.store.finished(request.request_id)
+            elif event < 0.1 and request.state == GENERATING:  # preempted, re-slotted
+                self.free.extend(b for t in request.block_tables for b in t.tolist() if b >= 0)
+                self.events["pause"] += 1
+                request.pause(10_000)
+                self.manager.reset_request(request.request_id)
+                request.seq_slot = self.free_slot()
+            elif event < 0.2 and request.state == GENERATING and request.get_num_tokens(0) > request.prompt_len:
+                keep = int(rng.integers(request.prompt_len, request.get_num_tokens(0)))
+                if len(self.block_sizes) > 1:  # never back into what the sliding window released
+                    keep = max(keep, request.block_tables[1].num_released * self.block_sizes[1] + 1)
+                self.events["rewind"] += 1
+                request.truncate(keep)  # rejected tokens: their blocks are freed, re-allocated below
+                self.shrink(request, keep)
+            elif event < 0.3 and request.state == GENERATING and len(self.block_sizes) > 1:
+                table, block_size = request.block_tables[1], self.block_sizes[1]
+                window = (request.get_num_tokens(0) - 1) // block_size  # keeps the block being written
+                before = table.num_released
+                table.release_front(max(before, int(rng.integers(0, window + 1))))
+                self.events["release"] += table.num_released > before
+        context = [r for r in self.live if r.state != GENERATING]
+        generation = [r for r in self.live if r.state == GENERATING]
+        for request in context:
+            self.cover(request, request.prompt_len)
+        for request in generation:
+            self.cover(request, request.get_num_tokens(0))
+        batch = {"context": context, "generation": generation, "first_draft": [], "device": []}
+        if index % 3 or rng.random() < 0.5:  # the device table skips some steps
+            inputs = self.preparer.prepare(context, generation)
+            self.check_device(inputs, batch)
+        if index % 4 or rng.random() < 0.5:  # the connector skips others
+            self.store.apply(self.manager.build_scheduler_output(context, generation))
+            for request in context + generation:
+                self.store.check(request)
+        for request in context:
+            request.move_to_next_context_chunk()
+            request.state = GENERATING
+        for request in generation:
+            request.add_new_token(int(rng.integers(0, 100)))
+
+    def check_device(self, inputs, batch):
+        table = self.preparer.block_table
+        for request in batch["context"] + batch["generation"]:
+            for group, real in enumerate(request.block_tables):
+                row = table[group, request.seq_slot].tolist()
+                assert row == real.tolist() + [0] * (WIDTH - len(real)), (request.request_id, group)
+        top, groups = attention_reference(batch, 0, None, self.block_sizes, WIDTH)
+        assert_metadata(inputs, top, groups)
+        host = prepare_inputs(batch["context"], batch["generation"], block_sizes=self.block_sizes,
+                              max_blocks_per_seq=WIDTH)
+        assert_metadata(host, top, groups)
+
+
+@pytest.mark.parametrize("block_sizes", [(1,), (4,), (2, 8)])
+def test_random_runs(backend, block_sizes):
+    rng = np.random.default_rng(len(block_sizes) * 100 + block_sizes[0])
+    events = {}
+    for run in range(6):
+        world = World(backend, rng, block_sizes)
+        for index in range(40):
+            world.step(index)
+        for name, count in world.events.items():
+            events[name] = events.get(name, 0) + count
+    assert all(events[name] > 0 for name in ("leave", "pause", "rewind", "reused slot")), events
+    assert (events["release"] > 0) == (len(block_sizes) > 1), events
+
+
+def decode_bytes(module, context_len, batch, steps, block_size=16):
+    preparer = InputPreparer(batch, batch, block_size=block_size, max_blocks_per_seq=-(-(context_len + steps + 1) // block_size),
+                             max_slots=batch)
+    requests = []
+    for request_id in range(batch):
+        request = module.Request(request_id, np.zeros(context_len, dtype=np.int32))
+        request.state = GENERATING
+        request.seq_slot = request_id
+        request.block_tables[0].extend(np.arange(-(-(context_len + 1) // block_size)) + request_id * 100_000)
+        requests.append(request)
+    preparer.prepare([], requests)  # the first step sends every table whole
+    sent = []
+    for step in range(steps):
+        for request in requests:
+            request.add_new_token(1)
+            n = request.get_num_tokens(0)
+            if n > block_size * len(request.block_tables[0]) - 1:
+                request.block_tables[0].append(request.request_id * 100_000 + 50_000 + step)
+        preparer.prepare([], requests)
+        sent.append(preparer.last_copy_bytes)
+    return sent
+
+
+def test_bytes_per_decode_step_do_not_grow_with_context(backend):
+    short = decode_bytes(backend, 2048, 8, 40)
+    long = decode_bytes(backend, 131_072, 8, 40)
+    assert short == long  # block boundaries fall at the same steps: 2048 and 131072 are multiples of 16
+    assert max(short) - min(short) == 8 * 8  # a step where every request gains a block: 8 entries of 8 bytes
+
+
+def test_bytes_grow_with_the_batch_and_blocks_added_not_blocks_held(backend):
+    small, large = decode_bytes(backend, 2048, 4, 20), decode_bytes(backend, 2048, 8, 20)
+    assert min(large) > min(small)
+    held = decode_bytes(backend, 2048 * 16, 4, 20)
+    assert held == small
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_deltas_equal_a_full_upload(backend):
+    """Pinned staging, non_blocking copies: after each step every scheduled row of the
+    delta-updated table equals the table uploaded whole (World.check_device)."""
+    world = World(backend, np.random.default_rng(3), (4, 16), device="cuda")
+    assert world.preparer._staging[0].is_pinned()
+    for index in range(200):
+        world.step(index)

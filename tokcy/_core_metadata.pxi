@@ -1,0 +1,486 @@
+# Attention metadata (compiled), written by InputWriter in the same pass as the token
+# inputs when the call gives block sizes: per layer group the slot mapping, the dense
+# and CSR block tables, and the device block table's deltas; per sequence the KV lengths.
+# tokcy/_pure/metadata.py is the readable twin (same algorithm, same errors, from
+# tokcy/_prepare_checks); docs/attention.md states the semantics.
+#
+# Pass 1 (plan, with the GIL): plan_sequence() validates each sequence's blocks (O(1) per
+# sequence and group: the rows of a sequence cover a run of blocks) and records one
+# GroupSpec per sequence and group, holding the table's storage and buffer.
+# Device table: plan_deltas() (with the GIL, just before pass 2) compares each table's
+# device-table stamp with the stamp its row got at the last step, takes the range that
+# changed and consumes the table's mark (docs/change-tracking.md).
+# Pass 2 (write, without the GIL): write_sequence() / write_padding() fill the arrays,
+# write_deltas() the changed entries (index, value) after the used input ids.
+
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
+from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport memset
+
+from tokcy import _prepare_checks as _checks
+
+cdef enum:
+    MAX_LAYER_GROUPS = 16
+
+cdef int64_t last_table_stamp = 0  # stamps handed out to device-table rows (process-wide, under the GIL)
+
+
+cdef struct GroupSpec:
+    const int32_t* blocks      # the table's ids at plan time
+    PyObject* storage_owner    # numpy storage behind blocks, held until release()
+    PyObject* buffer_owner     # the table's Int32Buffer (its device-table mark), held likewise
+    Py_ssize_t num_blocks
+    Py_ssize_t num_released
+    # the device-table delta (plan_deltas): row of the persistent table, and the entries
+    # that changed: [released_begin, released_end) -> -1, [ids_begin, num_blocks) -> ids,
+    # [num_blocks, zero_end) -> 0 (a dropped tail)
+    Py_ssize_t row
+    Py_ssize_t released_begin
+    Py_ssize_t released_end
+    Py_ssize_t ids_begin
+    Py_ssize_t zero_end
+
+
+cdef inline int32_t* int32_pointer(int32_t[::1] memory):
+    return &memory[0] if memory.shape[0] else NULL
+
+
+cdef inline int64_t* int64_pointer(int64_t[::1] memory):
+    return &memory[0] if memory.shape[0] else NULL
+
+
+@cython.final
+cdef class DeviceTableRows:
+    """What a device block table holds, per row (``num_groups * max_slots`` rows of
+    ``width`` entries): the stamp of the table last sent into it, the entries sent and the
+    leading entries sent as -1. Shared by the staging buffers of one ``InputPreparer``."""
+
+    cdef readonly Py_ssize_t max_slots, num_groups, width
+    cdef int64_t* row_stamps
+    cdef Py_ssize_t* row_lengths
+    cdef Py_ssize_t* row_released
+    cdef int64_t* slot_seen            # per slot: the plan stamp of the call that uses it
+    cdef int64_t* slot_request         # per slot: the request using it in that call
+    cdef int64_t plan_stamp
+
+    def __cinit__(self, Py_ssize_t max_slots, Py_ssize_t num_groups, Py_ssize_t width):
+        cdef Py_ssize_t rows = max_slots * num_groups
+        if max_slots < 1 or num_groups < 1 or width < 1:
+            raise ValueError(f"max_slots, layer groups and max_blocks_per_seq must be >= 1, "
+                             f"got {max_slots}, {num_groups}, {width}")
+        if rows * width > INT32_MAX:
+            raise ValueError(f"the device block table of {rows} x {width} entries is too large for int32 indices")
+        self.row_stamps = <int64_t*>calloc(rows, sizeof(int64_t))
+        self.row_lengths = <Py_ssize_t*>calloc(rows, sizeof(Py_ssize_t))
+        self.row_released = <Py_ssize_t*>calloc(rows, sizeof(Py_ssize_t))
+        self.slot_seen = <int64_t*>calloc(max_slots, sizeof(int64_t))
+        self.slot_request = <int64_t*>calloc(max_slots, sizeof(int64_t))
+        if (self.row_stamps == NULL or self.row_lengths == NULL or self.row_released == NULL
+                or self.slot_seen == NULL or self.slot_request == NULL):
+            raise MemoryError()
+        self.max_slots = max_slots
+        self.num_groups = num_groups
+        self.width = width
+
+    def __dealloc__(self):
+        free(self.row_stamps)
+        free(self.row_lengths)
+        free(self.row_released)
+        free(self.slot_seen)
+        free(self.slot_request)
+
+    def row_state(self, Py_ssize_t group, Py_ssize_t slot):
+        """(stamp, entries sent, leading entries sent as -1) of one row (for tests)."""
+        if not 0 <= group < self.num_groups or not 0 <= slot < self.max_slots:
+            raise IndexError(f"row ({group}, {slot}) is outside {self.num_groups} x {self.max_slots}")
+        cdef Py_ssize_t row = group * self.max_slots + slot
+        return (self.row_stamps[row], self.row_lengths[row], self.row_released[row])
+
+
+@cython.final
+cdef class AttentionMetadata:
+    """Outputs and per-step state of the attention metadata; ``InputWriter.set_metadata``
+    attaches one, ``prepare(..., block_sizes)`` fills it. ``tokcy.executor`` is the face."""
+
+    cdef Py_ssize_t width, num_bound_groups, num_groups
+    cdef int64_t block_size[MAX_LAYER_GROUPS]
+    cdef object _block_sizes           # the tuple last configured (identity fast path)
+    cdef tuple _arrays                 # every bound array, owned
+    cdef int32_t* kv_lens
+    cdef int32_t* cu_kv_seqlens
+    cdef int64_t* slot_mapping[MAX_LAYER_GROUPS]
+    cdef int32_t* kv_indptr[MAX_LAYER_GROUPS]
+    cdef int32_t* kv_last_page_len[MAX_LAYER_GROUPS]
+    cdef int32_t* block_table[MAX_LAYER_GROUPS]   # NULL: the device gathers it
+    cdef int32_t* kv_indices[MAX_LAYER_GROUPS]    # NULL likewise
+    cdef Py_ssize_t cap_tokens, cap_seqs
+    cdef Py_ssize_t cap_indices[MAX_LAYER_GROUPS]
+    # the planned batch
+    cdef GroupSpec* groups             # num_groups per planned sequence, in plan order
+    cdef Py_ssize_t group_capacity, num_planned
+    cdef Py_ssize_t total_live[MAX_LAYER_GROUPS]
+    cdef int64_t total_kv
+    cdef readonly Py_ssize_t longest_table
+    """The longest block table of the planned batch (its dense table's width, without out=)."""
+    # the device block table (bind_device_table)
+    cdef readonly bint has_device_table
+    cdef DeviceTableRows rows
+    cdef Py_ssize_t max_slots
+    cdef int32_t* table_slots          # per sequence: the row it reads (0 for padding)
+    cdef int32_t* delta_area           # the staging tail from input_ids: deltas go after the used ids
+    cdef Py_ssize_t delta_capacity
+    cdef int32_t* sequence_slots       # per planned sequence: its seq_slot
+    cdef readonly Py_ssize_t num_changed_entries
+    """Entries of the device block table the last call sent (each an index and a value)."""
+    cdef readonly int32_t max_query_len
+    cdef readonly int32_t max_kv_len
+
+    def __dealloc__(self):
+        self.release()
+        free(self.groups)
+        free(self.sequence_slots)
+
+    def bind(self, Py_ssize_t max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
+             block_table=None, kv_indices=None):
+        """Write into these arrays: per sequence ``kv_lens``, ``cu_kv_seqlens``; per group (a
+        tuple each) ``slot_mapping`` (int64), ``kv_indptr``, ``kv_last_page_len`` and, unless
+        None (a device gathers them), ``block_table`` (2-D, max_blocks_per_seq columns) and
+        ``kv_indices``. Every array C-contiguous and writable."""
+        cdef Py_ssize_t group, count = len(slot_mapping)
+        cdef int32_t[:, ::1] dense
+        if count < 1 or count > MAX_LAYER_GROUPS:
+            raise ValueError(f"between 1 and {MAX_LAYER_GROUPS} layer groups, got {count}")
+        if max_blocks_per_seq < 1:
+            raise ValueError(f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq}")
+        if len(kv_indptr) != count or len(kv_last_page_len) != count:
+            raise ValueError("one kv_indptr and kv_last_page_len per layer group")
+        if (block_table is None) != (kv_indices is None):
+            raise ValueError("block_table and kv_indices are both given or both None")
+        if block_table is not None and (len(block_table) != count or len(kv_indices) != count):
+            raise ValueError("one block_table and kv_indices per layer group")
+        self.release()
+        self._arrays = (kv_lens, cu_kv_seqlens, tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len),
+                        None if block_table is None else tuple(block_table),
+                        None if kv_indices is None else tuple(kv_indices))
+        self.width = max_blocks_per_seq
+        self.kv_lens = int32_pointer(kv_lens)
+        self.cu_kv_seqlens = int32_pointer(cu_kv_seqlens)
+        self.cap_tokens = -1
+        self.cap_seqs = min(len(kv_lens), len(cu_kv_seqlens) - 1)
+        for group in range(count):
+            self.slot_mapping[group] = int64_pointer(slot_mapping[group])
+            self.kv_indptr[group] = int32_pointer(kv_indptr[group])
+            self.kv_last_page_len[group] = int32_pointer(kv_last_page_len[group])
+            self.cap_tokens = len(slot_mapping[group]) if self.cap_tokens < 0 else min(self.cap_tokens, len(slot_mapping[group]))
+            self.cap_seqs = min(self.cap_seqs, len(kv_indptr[group]) - 1, len(kv_last_page_len[group]))
+            if block_table is None:
+                self.block_table[group] = NULL
+                self.kv_indices[group] = NULL
+                self.cap_indices[group] = -1
+            else:
+                dense = block_table[group]
+                if dense.shape[1] != max_blocks_per_seq:
+                    raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, got {dense.shape[1]}")
+                self.block_table[group] = &dense[0, 0] if dense.shape[0] else NULL
+                self.cap_seqs = min(self.cap_seqs, dense.shape[0])
+                self.kv_indices[group] = int32_pointer(kv_indices[group])
+                self.cap_indices[group] = len(kv_indices[group])
+        self.num_bound_groups = count
+        self._block_sizes = None
+
+    def bind_device_table(self, DeviceTableRows rows not None, table_slots, delta_area):
+        """Keep the device block table whose rows ``rows`` describes: per sequence write the
+        row it reads into ``table_slots``, and the changed entries into ``delta_area``."""
+        if self._arrays is None:
+            raise RuntimeError("bind() the metadata arrays first")
+        if rows.num_groups != self.num_bound_groups or rows.width != self.width:
+            raise ValueError(f"the device table has {rows.num_groups} groups of {rows.width} columns, "
+                             f"the outputs {self.num_bound_groups} of {self.width}")
+        self.release()
+        self.rows = rows
+        max_slots = rows.max_slots
+        self._arrays = self._arrays + (table_slots, delta_area)
+        self.table_slots = int32_pointer(table_slots)
+        self.cap_seqs = min(self.cap_seqs, len(table_slots))
+        self.delta_area = int32_pointer(delta_area)
+        self.delta_capacity = len(delta_area)
+        self.max_slots = max_slots
+        self.has_device_table = True
+
+    # ------------------------------------------------------------------ pass 1
+    cdef int configure(self, object block_sizes) except -1:
+        """Take the call's block sizes (a tuple of ints, checked once per new tuple)."""
+        cdef Py_ssize_t group
+        cdef int64_t size
+        if block_sizes is self._block_sizes:
+            return 0
+        if self._arrays is None:
+            _checks.metadata_not_bound()
+        if type(block_sizes) is not tuple or len(block_sizes) < 1:
+            _checks.bad_block_sizes(block_sizes)
+        if len(block_sizes) > self.num_bound_groups:
+            _checks.too_many_groups(len(block_sizes), self.num_bound_groups)
+        for group in range(len(block_sizes)):
+            item = block_sizes[group]
+            if type(item) is not int or not 1 <= item <= INT32_MAX:
+                _checks.bad_block_sizes(block_sizes)
+            size = item
+            self.block_size[group] = size
+        self.num_groups = len(block_sizes)
+        self._block_sizes = block_sizes
+        return 0
+
+    cdef int begin(self, Py_ssize_t num_sequences) except -1:
+        """Start planning a batch of at most ``num_sequences`` sequences."""
+        cdef Py_ssize_t needed = num_sequences * self.num_groups
+        cdef GroupSpec* grown
+        cdef int32_t* slots
+        cdef Py_ssize_t group
+        self.release()
+        if needed > self.group_capacity:
+            needed = max(needed, 2 * self.group_capacity, 64)
+            grown = <GroupSpec*>realloc(self.groups, needed * sizeof(GroupSpec))
+            if grown == NULL:
+                raise MemoryError()
+            self.groups = grown
+            slots = <int32_t*>realloc(self.sequence_slots, needed * sizeof(int32_t))
+            if slots == NULL:
+                raise MemoryError()
+            self.sequence_slots = slots
+            self.group_capacity = needed
+        for group in range(self.num_groups):
+            self.total_live[group] = 0
+        self.total_kv = 0
+        self.longest_table = 0
+        if self.has_device_table:
+            self.rows.plan_stamp += 1
+        return 0
+
+    cdef int plan_sequence(self, Request request, Py_ssize_t pos0, Py_ssize_t seq_len) except -1:
+        """Validate one sequence's rows [pos0, pos0 + seq_len) against its block tables and
+        record them; the planned sequences must follow the writer's specs one for one."""
+        cdef tuple tables = request._block_tables
+        cdef BlockTable table
+        cdef Int32Buffer buffer
+        cdef GroupSpec* spec
+        cdef Py_ssize_t group, size, released, first, last, num_blocks
+        cdef Py_ssize_t kv_len = pos0 + seq_len
+        cdef int64_t block_size, slot
+        cdef DeviceTableRows rows = self.rows
+        if len(tables) != self.num_groups:
+            _checks.group_count(request._request_id, len(tables), self.num_groups)
+        for group in range(self.num_groups):
+            table = <BlockTable?>tables[group]
+            size = table._buffer.size
+            block_size = self.block_size[group]
+            if size > self.width:
+                _checks.too_many_blocks(request._request_id, group, size, self.width)
+            first = pos0 // block_size
+            last = (kv_len - 1) // block_size
+            if last >= size:
+                _checks.missing_block(request._request_id, group, max(pos0, size * block_size), last, size)
+            if first < table._num_released:
+                _checks.released_block(request._request_id, group, pos0, first)
+        if self.has_device_table:
+            slot = request._seq_slot
+            if slot == NO_SLOT:
+                _checks.no_table_slot(request._request_id)
+            if slot >= self.max_slots:
+                _checks.table_slot_out_of_range(request._request_id, slot, self.max_slots)
+            if rows.slot_seen[slot] == rows.plan_stamp:
+                _checks.duplicate_table_slot(slot, rows.slot_request[slot], request._request_id)
+            rows.slot_seen[slot] = rows.plan_stamp
+            rows.slot_request[slot] = request._request_id
+            self.sequence_slots[self.num_planned] = <int32_t>slot
+        if self.total_kv + kv_len > INT32_MAX:
+            _checks.kv_too_long(self.total_kv + kv_len)
+        self.total_kv += kv_len
+        # valid: record it (and own what pass 2 reads)
+        for group in range(self.num_groups):
+            table = <BlockTable>tables[group]
+            buffer = table._buffer
+            spec = &self.groups[self.num_planned * self.num_groups + group]
+            spec.blocks = buffer.data
+            spec.storage_owner = <PyObject*>buffer.storage
+            spec.buffer_owner = <PyObject*>buffer
+            Py_INCREF(buffer.storage)
+            Py_INCREF(buffer)
+            spec.num_blocks = buffer.size
+            if buffer.size > self.longest_table:
+                self.longest_table = buffer.size
+            released = table._num_released
+            spec.num_released = released
+            block_size = self.block_size[group]
+            num_blocks = (kv_len + block_size - 1) // block_size
+            self.total_live[group] += num_blocks - min(released, num_blocks)
+        self.num_planned += 1
+        return 0
+
+    cdef void release(self) noexcept:
+        cdef Py_ssize_t index
+        for index in range(self.num_planned * self.num_groups):
+            Py_XDECREF(self.groups[index].storage_owner)
+            Py_XDECREF(self.groups[index].buffer_owner)
+        self.num_planned = 0
+
+    cdef int check_capacity(self, Py_ssize_t num_tokens, Py_ssize_t padded) except -1:
+        cdef Py_ssize_t group
+        if num_tokens > self.cap_tokens:
+            _checks.over_capacity("slot_mapping rows", num_tokens, self.cap_tokens)
+        if padded > self.cap_seqs:
+            _checks.over_capacity("metadata sequences", padded, self.cap_seqs)
+        for group in range(self.num_groups):
+            if self.cap_indices[group] >= 0 and self.total_live[group] > self.cap_indices[group]:
+                _checks.over_capacity(f"kv_indices of group {group}", self.total_live[group], self.cap_indices[group])
+        return 0
+
+    # ------------------------------------------------------------------ device-table deltas
+    cdef int plan_deltas(self, Py_ssize_t num_tokens) except -1:
+        """With the GIL, right before pass 2: per planned sequence and group, the entries of
+        its device-table row that differ from the table, then consume the table's mark."""
+        global last_table_stamp
+        cdef GroupSpec* spec
+        cdef Int32Buffer buffer
+        cdef Py_ssize_t index, group, row, sent, start, total = 0
+        cdef DeviceTableRows rows = self.rows
+        for index in range(self.num_planned * self.num_groups):
+            spec = &self.groups[index]
+            buffer = <Int32Buffer>spec.buffer_owner
+            group = index % self.num_groups
+            row = group * self.max_slots + self.sequence_slots[index // self.num_groups]
+            spec.row = row
+            sent = rows.row_lengths[row]
+            if buffer.table_stamp != 0 and buffer.table_stamp == rows.row_stamps[row]:
+                # the row holds this table as of its last read: only the marked tail and
+                # newly released leading entries can differ
+                start = buffer.table_dirty_from if buffer.table_dirty_from < sent else sent
+                spec.released_begin = rows.row_released[row]
+                spec.released_end = spec.num_released if spec.num_released < start else start
+                if spec.released_end < spec.released_begin:
+                    spec.released_end = spec.released_begin
+            else:  # another table (or none) is in the row: send it whole
+                start = 0
+                spec.released_begin = spec.released_end = 0
+            if start > spec.num_blocks:
+                start = spec.num_blocks
+            spec.ids_begin = start
+            spec.zero_end = sent if sent > spec.num_blocks else spec.num_blocks
+            total += (spec.released_end - spec.released_begin) + (spec.zero_end - start)
+        if num_tokens + 2 * total > self.delta_capacity:
+            _checks.over_capacity("changed block-table entries", total, (self.delta_capacity - num_tokens) // 2)
+        # commit (nothing below can fail): new stamps, the rows' state, the marks consumed
+        for index in range(self.num_planned * self.num_groups):
+            spec = &self.groups[index]
+            buffer = <Int32Buffer>spec.buffer_owner
+            last_table_stamp += 1
+            buffer.table_stamp = last_table_stamp
+            buffer.table_dirty_from = spec.num_blocks
+            rows.row_stamps[spec.row] = last_table_stamp
+            rows.row_lengths[spec.row] = spec.num_blocks
+            rows.row_released[spec.row] = spec.num_released
+        self.num_changed_entries = total
+        return 0
+
+    def results(self):
+        """(max_query_len, max_kv_len, changed entries, kv_indices length per group) of the last call."""
+        return (self.max_query_len, self.max_kv_len, self.num_changed_entries,
+                tuple([self.total_live[group] for group in range(self.num_groups)]))
+
+    # ------------------------------------------------------------------ pass 2
+    cdef void start_write(self) noexcept nogil:
+        cdef Py_ssize_t group
+        self.max_query_len = 0
+        self.max_kv_len = 0
+        self.cu_kv_seqlens[0] = 0
+        for group in range(self.num_groups):
+            self.kv_indptr[group][0] = 0
+
+    cdef void write_sequence(self, Py_ssize_t index, Py_ssize_t pos0, Py_ssize_t seq_len, Py_ssize_t row,
+                             Py_ssize_t seq) noexcept nogil:
+        """Sequence ``seq`` (planned as ``index``), rows [row, row + seq_len) at positions pos0...:
+        its slots, KV length and both block-table layouts, for every group."""
+        cdef const GroupSpec* spec
+        cdef Py_ssize_t group, j, block, offset, num_blocks, first_live, live, start
+        cdef int64_t block_size, base
+        cdef int64_t* slots
+        cdef int32_t* dense
+        cdef int32_t kv_len = <int32_t>(pos0 + seq_len)
+        debug_assert(row + seq_len <= self.cap_tokens and seq < self.cap_seqs)
+        self.kv_lens[seq] = kv_len
+        self.cu_kv_seqlens[seq + 1] = self.cu_kv_seqlens[seq] + kv_len
+        if seq_len > self.max_query_len:
+            self.max_query_len = <int32_t>seq_len
+        if kv_len > self.max_kv_len:
+            self.max_kv_len = kv_len
+        if self.has_device_table:
+            self.table_slots[seq] = self.sequence_slots[index]
+        for group in range(self.num_groups):
+            spec = &self.groups[index * self.num_groups + group]
+            block_size = self.block_size[group]
+            # slots: walk the blocks the rows cover (validated in plan_sequence)
+            slots = self.slot_mapping[group] + row
+            block = pos0 // block_size
+            offset = pos0 % block_size
+            base = <int64_t>spec.blocks[block] * block_size
+            for j in range(seq_len):
+                slots[j] = base + offset
+                offset += 1
+                if offset == block_size and j + 1 < seq_len:
+                    offset = 0
+                    block += 1
+                    base = <int64_t>spec.blocks[block] * block_size
+            # the blocks holding positions [0, kv_len); the CSR lists the live ones
+            num_blocks = (kv_len + block_size - 1) // block_size
+            first_live = spec.num_released if spec.num_released < num_blocks else num_blocks
+            live = num_blocks - first_live
+            start = self.kv_indptr[group][seq]
+            self.kv_indptr[group][seq + 1] = <int32_t>(start + live)
+            self.kv_last_page_len[group][seq] = <int32_t>(kv_len - (num_blocks - 1) * block_size)
+            if self.block_table[group] != NULL:
+                dense = self.block_table[group] + seq * self.width
+                memcpy(dense, spec.blocks, num_blocks * sizeof(int32_t))
+                memset(dense + num_blocks, 0, (self.width - num_blocks) * sizeof(int32_t))
+                debug_assert(start + live <= self.cap_indices[group])
+                memcpy(self.kv_indices[group] + start, spec.blocks + first_live, live * sizeof(int32_t))
+
+    cdef void write_padding(self, Py_ssize_t row, Py_ssize_t seq) noexcept nogil:
+        """A padding sequence: one row that writes no KV (slot -1), no KV, no blocks."""
+        cdef Py_ssize_t group
+        debug_assert(row < self.cap_tokens and seq < self.cap_seqs)
+        self.kv_lens[seq] = 0
+        self.cu_kv_seqlens[seq + 1] = self.cu_kv_seqlens[seq]
+        if 1 > self.max_query_len:
+            self.max_query_len = 1
+        if self.has_device_table:
+            self.table_slots[seq] = 0
+        for group in range(self.num_groups):
+            self.slot_mapping[group][row] = -1
+            self.kv_indptr[group][seq + 1] = self.kv_indptr[group][seq]
+            self.kv_last_page_len[group][seq] = 0
+            if self.block_table[group] != NULL:
+                memset(self.block_table[group] + seq * self.width, 0, self.width * sizeof(int32_t))
+
+    cdef void write_deltas(self, Py_ssize_t num_tokens) noexcept nogil:
+        """The changed entries planned by plan_deltas(): flat indices into the (groups,
+        max_slots, max_blocks_per_seq) table, then their values, after the used input ids."""
+        cdef Py_ssize_t index, j, count = 0, total = self.num_changed_entries
+        cdef const GroupSpec* spec
+        cdef int32_t* indices = self.delta_area + num_tokens
+        cdef int32_t* values = indices + total
+        cdef int32_t row_start
+        debug_assert(num_tokens + 2 * total <= self.delta_capacity)
+        for index in range(self.num_planned * self.num_groups):
+            spec = &self.groups[index]
+            row_start = <int32_t>(spec.row * self.width)
+            for j in range(spec.released_begin, spec.released_end):
+                indices[count] = row_start + <int32_t>j
+                values[count] = -1
+                count += 1
+            for j in range(spec.ids_begin, spec.num_blocks):
+                indices[count] = row_start + <int32_t>j
+                values[count] = spec.blocks[j]
+                count += 1
+            for j in range(spec.num_blocks, spec.zero_end):
+                indices[count] = row_start + <int32_t>j
+                values[count] = 0
+                count += 1

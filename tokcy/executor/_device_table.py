@@ -1,0 +1,97 @@
+"""The device block table: persistent per layer group, indexed by ``seq_slot``, kept by deltas.
+
+``DeviceBlockTable.table`` is a (groups, max_slots, max_blocks_per_seq) int32 tensor on the
+device: row (g, s) holds the block table, group g, of the request in slot s (zero past its
+blocks, -1 for blocks a sliding window released). Each step the host loop writes, after
+the used input ids of the packed staging buffer, only the entries that changed since the
+previous step (flat indices into ``table``, then their values); they travel in the same
+copy as the other inputs and ``apply`` scatters them, then gathers the batch-order dense
+table and the CSR indices on the device, into persistent output tensors (addresses fixed).
+
+Nothing here waits for the device: the sizes it needs (entries changed, CSR length) are
+read from the host arrays of the same step.
+"""
+
+from tokcy import _backend
+from tokcy.executor._metadata import MetadataBuffers
+
+
+class DeviceBlockTable:
+    def __init__(self, torch, device, num_groups, max_slots, max_blocks_per_seq, max_batch_size):
+        self.num_groups = num_groups
+        self.max_slots = max_slots
+        self.width = max_blocks_per_seq
+        self._torch = torch
+        self.table = torch.zeros((num_groups, max_slots, max_blocks_per_seq), dtype=torch.int32, device=device)
+        self._flat = self.table.view(-1)
+        self.block_table = torch.zeros((num_groups, max_batch_size, max_blocks_per_seq), dtype=torch.int32,
+                                       device=device)
+        self.kv_indices = torch.zeros((num_groups, max_batch_size * max_blocks_per_seq), dtype=torch.int32,
+                                      device=device)
+        self._columns = torch.arange(max_blocks_per_seq, dtype=torch.int32, device=device)
+        self._offsets = torch.arange(max_batch_size * max_blocks_per_seq, dtype=torch.int64, device=device)
+        self._rows = {}  # backend module -> its DeviceTableRows (what each row holds)
+
+    def rows(self, module=None):
+        """The backend's record of what each row holds (one per backend: a request object
+        belongs to one backend, so the other's rows start empty and are sent whole)."""
+        module = _backend.module if module is None else module
+        rows = self._rows.get(module)
+        if rows is None:
+            rows = self._rows[module] = module.DeviceTableRows(self.max_slots, self.num_groups, self.width)
+        return rows
+
+    def host_metadata(self, arrays, table_slots, delta_area):
+        """``MetadataBuffers`` over one staging buffer's views, bound to this table per backend."""
+        return _StagedMetadata(self, arrays, table_slots, delta_area)
+
+    def apply(self, packed, delta_offset, num_changed, kv_lens, table_slots, kv_indptr, block_sizes,
+              num_indices):
+        """On the device, after the staging copy: scatter the changed entries (read from
+        ``packed`` at ``delta_offset``), then per group gather the batch's dense table
+        (masked past each sequence's blocks) and its CSR indices. Returns, per group,
+        (block_table view, kv_indices view)."""
+        torch = self._torch
+        if num_changed:
+            indices = packed[delta_offset : delta_offset + num_changed].long()
+            self._flat[indices] = packed[delta_offset + num_changed : delta_offset + 2 * num_changed]
+        padded = kv_lens.shape[0]
+        slots = table_slots.long()
+        outputs = []
+        for group, block_size in enumerate(block_sizes):
+            num_blocks = (kv_lens + (block_size - 1)) // block_size  # blocks holding the KV
+            dense = self.block_table[group, :padded]
+            torch.index_select(self.table[group], 0, slots, out=dense)
+            dense.masked_fill_(self._columns[None, :] >= num_blocks[:, None], 0)
+            total = num_indices[group]
+            indices = self.kv_indices[group, :total]
+            if total:
+                indptr = kv_indptr[group]
+                live = (indptr[1:] - indptr[:-1]).long()
+                # output o of sequence i reads dense[i, num_blocks_i - live_i + (o - indptr_i)]
+                base = self._offsets[:padded] * self.width + (num_blocks - live - indptr[:-1])
+                flat = torch.repeat_interleave(base, live, output_size=total) + self._offsets[:total]
+                torch.index_select(dense.view(-1), 0, flat, out=indices)
+            outputs.append((dense, indices))
+        return outputs
+
+
+class _StagedMetadata(MetadataBuffers):
+    """A staging buffer's metadata arrays; its bound writers keep ``table``'s rows."""
+
+    __slots__ = ("_device_table", "_table_slots", "_delta_area")
+
+    def __init__(self, device_table, arrays, table_slots, delta_area):
+        self._adopt(device_table.width, arrays["kv_lens"], arrays["cu_kv_seqlens"], arrays["slot_mapping"],
+                    arrays["kv_indptr"], arrays["kv_last_page_len"], None, None)
+        self._device_table = device_table
+        self._table_slots = table_slots
+        self._delta_area = delta_area
+
+    def bound(self, module=None):
+        module = _backend.module if module is None else module
+        metadata = self._writers.get(module)
+        if metadata is None:
+            metadata = super().bound(module)
+            metadata.bind_device_table(self._device_table.rows(module), self._table_slots, self._delta_area)
+        return metadata

@@ -1,0 +1,131 @@
+"""The host side of the attention metadata: its arrays, their holder and the arguments.
+
+``prepare_inputs(..., block_size=16)`` (or ``block_sizes=(16, 256)``, one per layer
+group) makes the backend's ``InputWriter`` write, in the same pass as the token inputs,
+the KV slot of every token row, the KV lengths and the block tables in the dense and the
+CSR layout (docs/attention.md). ``MetadataBuffers`` holds those arrays.
+"""
+
+import operator
+
+import numpy as np
+
+from tokcy import _backend
+
+#: Per-batch metadata attributes of ``PreparedInputs`` / ``DeviceInputs`` (group 0's
+#: arrays also appear at the top level; ``groups`` holds one ``LayerGroupInputs`` each).
+METADATA_FIELDS = ("kv_lens", "cu_kv_seqlens", "max_query_len", "max_kv_len", "slot_mapping", "block_table",
+                   "kv_indptr", "kv_indices", "kv_last_page_len", "groups")
+#: The attributes of one ``LayerGroupInputs``.
+GROUP_FIELDS = ("block_size", "slot_mapping", "block_table", "kv_indptr", "kv_indices", "kv_last_page_len")
+
+
+def block_sizes_arg(block_size, block_sizes):
+    """The call's block sizes as a tuple of ints (None: no metadata)."""
+    if block_size is None and block_sizes is None:
+        return None
+    if block_size is not None and block_sizes is not None:
+        raise TypeError("give block_size or block_sizes, not both")
+    values = (block_size,) if block_sizes is None else block_sizes
+    try:
+        values = tuple(operator.index(value) for value in values)
+    except TypeError:
+        raise TypeError(f"block sizes must be integers, got {values!r}") from None
+    if not values or any(value < 1 for value in values):
+        raise ValueError(f"block sizes must be >= 1, one per layer group, got {values}")
+    return values
+
+
+class LayerGroupInputs:
+    """One layer group's metadata: ``block_size``, ``slot_mapping`` (int64, one per token
+    row, -1 for padding), ``block_table`` (sequences x max_blocks_per_seq, int32, zero
+    past each sequence's blocks, -1 for released ones), and the CSR ``kv_indptr``
+    (sequences + 1), ``kv_indices`` (live blocks only) and ``kv_last_page_len``."""
+
+    __slots__ = GROUP_FIELDS
+
+    def __init__(self, **fields):
+        for name in GROUP_FIELDS:
+            setattr(self, name, fields[name])
+
+    def __repr__(self):
+        return f"LayerGroupInputs(block_size={self.block_size}, kv_indices={len(self.kv_indices)})"
+
+
+class MetadataBuffers:
+    """Preallocated metadata arrays for ``max_batch_size`` sequences, ``max_num_tokens``
+    rows, ``num_layer_groups`` groups and ``max_blocks_per_seq`` blocks per sequence.
+
+    ``block_table`` / ``kv_indices`` may be None (a device gathers them from its own table).
+    """
+
+    __slots__ = ("max_blocks_per_seq", "num_layer_groups", "kv_lens", "cu_kv_seqlens", "slot_mapping",
+                 "block_table", "kv_indptr", "kv_indices", "kv_last_page_len", "_writers")
+
+    def __init__(self, max_num_tokens, max_batch_size, max_blocks_per_seq, num_layer_groups=1):
+        groups = range(num_layer_groups)
+        self._adopt(max_blocks_per_seq, np.zeros(max_batch_size, np.int32), np.zeros(max_batch_size + 1, np.int32),
+                    [np.zeros(max_num_tokens, np.int64) for _ in groups],
+                    [np.zeros(max_batch_size + 1, np.int32) for _ in groups],
+                    [np.zeros(max_batch_size, np.int32) for _ in groups],
+                    [np.zeros((max_batch_size, max_blocks_per_seq), np.int32) for _ in groups],
+                    [np.zeros(max_batch_size * max_blocks_per_seq, np.int32) for _ in groups])
+
+    @classmethod
+    def from_arrays(cls, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
+                    block_table=None, kv_indices=None):
+        """A holder over caller-owned arrays (e.g. views of a packed staging buffer)."""
+        self = cls.__new__(cls)
+        self._adopt(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
+                    block_table, kv_indices)
+        return self
+
+    def _adopt(self, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
+               block_table, kv_indices):
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.num_layer_groups = len(slot_mapping)
+        self.kv_lens, self.cu_kv_seqlens = kv_lens, cu_kv_seqlens
+        self.slot_mapping, self.kv_indptr = tuple(slot_mapping), tuple(kv_indptr)
+        self.kv_last_page_len = tuple(kv_last_page_len)
+        self.block_table = None if block_table is None else tuple(block_table)
+        self.kv_indices = None if kv_indices is None else tuple(kv_indices)
+        self._writers = {}
+
+    def bound(self, module=None):
+        """The backend's ``AttentionMetadata`` bound to these arrays (one per backend, made once)."""
+        module = _backend.module if module is None else module
+        metadata = self._writers.get(module)
+        if metadata is None:
+            metadata = module.AttentionMetadata()
+            metadata.bind(self.max_blocks_per_seq, self.kv_lens, self.cu_kv_seqlens, self.slot_mapping,
+                          self.kv_indptr, self.kv_last_page_len, self.block_table, self.kv_indices)
+            self._writers[module] = metadata
+        return metadata
+
+
+def attach(target, buffers, results, block_sizes, num_tokens, padded):
+    """Set the metadata attributes of a ``PreparedInputs`` from ``buffers`` (views of the
+    used lengths) and the writer's ``results()`` tuple."""
+    max_query_len, max_kv_len, _, num_indices = results
+    groups = []
+    for group, block_size in enumerate(block_sizes):
+        indices = buffers.kv_indices
+        groups.append(LayerGroupInputs(
+            block_size=block_size,
+            slot_mapping=buffers.slot_mapping[group][:num_tokens],
+            block_table=None if buffers.block_table is None else buffers.block_table[group][:padded],
+            kv_indptr=buffers.kv_indptr[group][: padded + 1],
+            kv_indices=None if indices is None else indices[group][: num_indices[group]],
+            kv_last_page_len=buffers.kv_last_page_len[group][:padded],
+        ))
+    first = groups[0]
+    target.kv_lens = buffers.kv_lens[:padded]
+    target.cu_kv_seqlens = buffers.cu_kv_seqlens[: padded + 1]
+    target.max_query_len = max_query_len
+    target.max_kv_len = max_kv_len
+    target.slot_mapping = first.slot_mapping
+    target.block_table = first.block_table
+    target.kv_indptr = first.kv_indptr
+    target.kv_indices = first.kv_indices
+    target.kv_last_page_len = first.kv_last_page_len
+    target.groups = tuple(groups)
