@@ -133,3 +133,30 @@ def test_sliding_window_releases_exactly_the_blocks_behind_the_window(backend, c
     assert_done(engine, outputs, case[3], model)
     assert engine.stats.preemptions >= 1
     assert max(released_seen) >= (5 if window is not None else 0)
+
+
+def test_release_behind_worked_example(backend):
+    """Window 6, blocks of 4: a query at q sees q - 5 .. q."""
+    import tokcy
+    from tokcy.demo.kv_cache import PagedKVCache
+
+    cache = PagedKVCache(8, 4, 1, 1, 2, sliding_window=6)
+    request = tokcy.Request(0, list(range(20)))
+    cache.grow(request, 20)
+    table = request.block_tables[0]
+    assert table.tolist() == [0, 1, 2, 3, 4] and cache.num_free == 3
+    assert cache.release_behind(request, 8) == 0  # sees 3 .. 8: block 0 (0 .. 3) is still needed
+    assert cache.release_behind(request, 9) == 1  # sees 4 .. 9
+    assert table.tolist() == [-1, 1, 2, 3, 4] and cache.num_free == 4
+    assert cache.release_behind(request, 9) == 0  # nothing new
+    assert cache.release_behind(request, 17) == 2  # sees 12 .. 17: blocks 1 and 2 (4 .. 11) are behind
+    assert table.tolist() == [-1, -1, -1, 3, 4] and cache.num_free == 6
+    cache.shrink(request, 14)  # rejected drafts: positions 14 .. 19 dropped, block 4 freed
+    assert table.tolist() == [-1, -1, -1, 3] and cache.num_free == 7
+    cache.free_all(request)  # released blocks are not freed twice
+    assert len(table) == 0 and sorted(cache._free) == list(range(8))
+    assert cache.num_released_total == 3
+    full = PagedKVCache(8, 4, 1, 1, 2)
+    other = tokcy.Request(1, list(range(20)))
+    full.grow(other, 20)
+    assert full.release_behind(other, 19) == 0 and other.block_tables[0].tolist() == [0, 1, 2, 3, 4]

@@ -100,8 +100,6 @@ class LlamaFamilyModel:
     ``head_dim`` size the KV cache); ``device`` and ``dtype`` are the weights'.
     """
 
-    reads_attention_metadata = True  # ADAPTER flag: the engine feeds forward(inputs, kv_cache)
-
     def __init__(self, config, source, *, device, dtype):
         self.config = config
         self.device = torch.device(device)
