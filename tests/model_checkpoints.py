@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers", reason="the model tests compa
 
 DTYPE = torch.float64
 _COMMON = dict(vocab_size=80, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=512, bos_token_id=None, eos_token_id=None)
+               num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=None, eos_token_id=None)
 
 #: name -> (config class, options): every case has grouped-query attention (4 heads, 2 KV heads).
 ARCHITECTURES = {
