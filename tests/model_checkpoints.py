@@ -12,9 +12,8 @@ inputs, apart from tokcy's executor.
 
 from types import SimpleNamespace
 
+import pytest
 import torch
-
-import pytest  # noqa: E402
 
 transformers = pytest.importorskip("transformers", reason="the model tests compare with transformers")
 
@@ -58,8 +57,8 @@ def randomize(model, seed):
             elif name.endswith("embed_tokens.weight"):
                 parameter.copy_(noise * (0.1 if tied else 1.0))
             else:
-                gain = 3.0 if name == "lm_head.weight" or (tied and name.endswith(("o_proj.weight", "down_proj.weight"))) \
-                    else 1.0
+                residual_out = name.endswith(("o_proj.weight", "down_proj.weight"))
+                gain = 3.0 if name == "lm_head.weight" or (tied and residual_out) else 1.0
                 parameter.copy_(noise * parameter.shape[1] ** -0.5 * gain)
     return model
 

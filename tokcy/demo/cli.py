@@ -1,6 +1,7 @@
 """``python -m tokcy demo``: run the engine on a workload, check it against the reference, report."""
 
 import argparse
+import functools
 import gc
 import sys
 import time
@@ -10,8 +11,8 @@ import torch
 import tokcy
 from tokcy import _backend
 from tokcy.demo.engine import Engine, EngineConfig, same_named
-from tokcy.demo.models import demo_cli
 from tokcy.demo.model import ModelConfig, TinyTransformer
+from tokcy.demo.models import demo_cli
 from tokcy.demo.reference import generate
 from tokcy.demo.workload import make_workload
 
@@ -58,6 +59,7 @@ def main(argv=None):
         print("--device cuda: CUDA is not available here", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
+    check = args.check if args.check is not None else args.model is None
     if args.model is None:
         if args.dtype is not None or args.prompt:
             print("--dtype and --prompt need --model DIR", file=sys.stderr)
@@ -67,13 +69,11 @@ def main(argv=None):
         description = f"built-in, vocab {c.vocab_size}, d_model {c.d_model}, {c.num_layers} layers, float64"
         workload = make_workload(args.requests, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                                  vocab_size=model.config.vocab_size, seed=args.seed)
-        args.check = args.check is not False
-        reference, reference_name = (lambda prompt, budget: generate(model, prompt, budget)), \
-            "full recompute, no cache"
+        reference, reference_name = functools.partial(generate, model), "full recompute, no cache"
     else:
         model, description = demo_cli.load(args)
         workload = demo_cli.workload(args, model)
-        reference, reference_name = demo_cli.reference(args) if args.check else (None, None)
+        reference, reference_name = demo_cli.reference(args) if check else (None, None)
     config = EngineConfig(
         **same_named(args, ("num_blocks", "block_size", "max_num_tokens", "max_batch_size", "max_chunk",
                             "speculation", "max_draft_len", "overlap", "device")),
@@ -97,7 +97,7 @@ def main(argv=None):
 
     mismatched = []
     reference_time = 0.0
-    if args.check:
+    if check:
         start = time.perf_counter()
         for request_id, (prompt, budget) in enumerate(zip(workload.prompts, workload.max_new_tokens)):
             expected = reference(prompt, budget)
@@ -134,9 +134,9 @@ def main(argv=None):
     if stats.released_blocks:
         print(f"sliding window: {stats.released_blocks} blocks released and freed")
     if args.prompt:
-        demo_cli.print_texts(args, workload, outputs)
+        demo_cli.print_texts(args, outputs)
     print(f"engine wall time {engine_time:.2f} s", end="")
-    if args.check:
+    if check:
         print(f"; reference ({reference_name}) {reference_time:.2f} s; connector mirror checked on "
               f"{engine.store.reports} reports")
         if mismatched:

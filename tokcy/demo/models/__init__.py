@@ -51,7 +51,8 @@ def load_model(source, *, device="cpu", dtype=torch.float32):
     device = torch.device(device)
     if isinstance(source, (str, os.PathLike)):
         if not os.path.isdir(source):
-            raise CheckpointError(f"{source}: not a directory (a checkpoint directory holds config.json and *.safetensors)")
+            raise CheckpointError(f"{source}: not a directory (a checkpoint directory holds config.json and "
+                                  "*.safetensors)")
         config = parse_config(read_config(source))
         tensors = SafetensorsCheckpoint(source)
     elif hasattr(source, "config") and hasattr(source, "state_dict"):

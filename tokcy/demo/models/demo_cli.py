@@ -8,6 +8,7 @@ compares every request with ``transformers``' own greedy ``generate`` on the sam
 at the same dtype and on the same device.
 """
 
+import functools
 import os
 
 from tokcy.demo.workload import Workload, make_workload
@@ -75,11 +76,11 @@ def reference(args):
     from tokcy.demo.models.reference import generate, reference_model
 
     hf_model = reference_model(args.model, device=args.device, dtype=parse_dtype(args.dtype or torch.float32))
-    return (lambda prompt, budget: generate(hf_model, prompt, budget)), \
-        f"transformers {transformers.__version__} generate(do_sample=False), one request at a time"
+    name = f"transformers {transformers.__version__} generate(do_sample=False), one request at a time"
+    return functools.partial(generate, hf_model), name
 
 
-def print_texts(args, workload, outputs):
+def print_texts(args, outputs):
     decode = tokenizer(args.model).decode
-    for request_id, (text, prompt) in enumerate(zip(args.prompt, workload.prompts)):
+    for request_id, text in enumerate(args.prompt):
         print(f"[{request_id}] {text!r} -> {decode(list(outputs[request_id]))!r}")

@@ -27,7 +27,8 @@ def read_config(directory):
     """The ``config.json`` mapping of a checkpoint directory."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise CheckpointError(f"{directory}: no {CONFIG_FILE} (a checkpoint directory holds config.json and *.safetensors)")
+        raise CheckpointError(f"{directory}: no {CONFIG_FILE} (a checkpoint directory holds config.json and "
+                              "*.safetensors)")
     try:
         mapping = json.loads(path.read_text())
     except (OSError, ValueError) as error:
