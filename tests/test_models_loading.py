@@ -175,14 +175,25 @@ def test_supported_variants_parse(backend, checkpoints):
     assert parse_config({**base("mistral", checkpoints), "sliding_window": None}).sliding_window is None
 
 
-def test_biased_llama_equals_transformers(backend):
-    reference = random_model("llama3", seed=4, attention_bias=True, mlp_bias=True)
+@pytest.mark.parametrize(
+    "name, options",
+    [("llama3", dict(attention_bias=True, mlp_bias=True)),
+     # one full-attention layer, then a sliding one: per-layer masks, and nothing may be released
+     ("qwen2", dict(use_sliding_window=True, sliding_window=5, max_window_layers=1))],
+    ids=["biased-llama", "qwen2-sliding-layers"],
+)
+def test_variants_equal_transformers(backend, name, options):
+    reference = random_model(name, seed=4, **options)
     model = load_model(reference, dtype=torch.float64)
-    tokens = list(range(3, 22))
     config = model.config
+    assert name != "qwen2" or (config.sliding_windows == (None, 5) and config.sliding_window is None)
+    tokens = list(range(3, 22))
+    expected = transformers_logits(reference, tokens)
     cache = ListKVCache(8 * BLOCK, BLOCK, config.num_layers, config.num_kv_heads, config.head_dim)
-    logits = model.forward(step_inputs([(tokens, 0, list(range(5)))], BLOCK), cache)
-    torch.testing.assert_close(logits[0], transformers_logits(reference, tokens)[-1], rtol=0, atol=1e-12)
+    first = model.forward(step_inputs([(tokens[:9], 0, list(range(5)))], BLOCK), cache)
+    second = model.forward(step_inputs([(tokens[9:], 9, list(range(5)))], BLOCK), cache)
+    torch.testing.assert_close(first[0], expected[8], rtol=0, atol=1e-12)
+    torch.testing.assert_close(second[0], expected[-1], rtol=0, atol=1e-12)
 
 
 def test_checkpoint_problems_are_named(backend, checkpoints, tmp_path):
