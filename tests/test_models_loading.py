@@ -230,3 +230,11 @@ def test_dtype_names(backend):
         parse_dtype("int8")
     with pytest.raises(TypeError, match="floating torch.dtype"):
         parse_dtype(torch.int32)
+
+
+def test_a_kv_cache_of_another_dtype_is_refused(backend, checkpoints):
+    model = load_model(checkpoints["llama3"][1], dtype=torch.float64)
+    config = model.config
+    cache = ListKVCache(8 * BLOCK, BLOCK, config.num_layers, config.num_kv_heads, config.head_dim, torch.float32)
+    with pytest.raises(ValueError, match="the KV cache holds torch.float32, the model computes in torch.float64"):
+        model.forward(step_inputs([([1, 2, 3], 0, [0])], BLOCK), cache)

@@ -168,8 +168,8 @@ class LlamaFamilyModel:
         """
         config = self.config
         keys, _ = kv_cache.layer(0)
-        if keys.dtype != self.dtype or keys.device != self.device:
-            raise ValueError(f"KV cache is {keys.dtype} on {keys.device}, the model {self.dtype} on {self.device}")
+        if keys.dtype != self.dtype:  # (a device mismatch fails in torch at the first indexed write)
+            raise ValueError(f"the KV cache holds {keys.dtype}, the model computes in {self.dtype}")
         plan = AttentionPlan(inputs, kv_cache.block_size, config.sliding_windows)
         positions = inputs.position_ids.long()
         cos, sin = self._rotary(positions)
