@@ -238,3 +238,18 @@ def test_a_kv_cache_of_another_dtype_is_refused(backend, checkpoints):
     cache = ListKVCache(8 * BLOCK, BLOCK, config.num_layers, config.num_kv_heads, config.head_dim, torch.float32)
     with pytest.raises(ValueError, match="the KV cache holds torch.float32, the model computes in torch.float64"):
         model.forward(step_inputs([([1, 2, 3], 0, [0])], BLOCK), cache)
+
+
+def test_sliding_window_attention_gathers_the_window_only(backend, checkpoints):
+    """Counting, not timing: a Mistral step gathers window + max_query_len - 1 key positions per
+    sequence at any context length; a full-attention model gathers max_kv_len."""
+    from tokcy.demo.models.attention import AttentionPlan
+
+    window = load_model(checkpoints["mistral"][1]).config.sliding_window
+    for context in (40, 4000):
+        blocks = list(range(context // BLOCK + 1))
+        decode = step_inputs([([5], context, blocks), ([6], 20, blocks[:6])], BLOCK)
+        chunk = step_inputs([([5] * 7, context, blocks + [len(blocks)])], BLOCK)
+        assert AttentionPlan(decode, BLOCK, (window, window)).key_slots.shape == (2, window)
+        assert AttentionPlan(chunk, BLOCK, (window, window)).key_slots.shape == (1, window + 6)
+        assert AttentionPlan(decode, BLOCK, (None, None)).key_slots.shape == (2, context + 1)

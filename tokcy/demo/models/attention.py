@@ -7,7 +7,9 @@ layer reuses:
   key and value are written, one indexed write per layer;
 - ``block_table`` (sequences x max_blocks_per_seq, -1 where a sliding window released a
   block) with ``kv_lens``: the cache slot of every key position ``0 .. kv_len - 1`` of every
-  sequence, gathered into a (sequences, max_kv_len) layout;
+  sequence, gathered into a (sequences, max_kv_len) layout; when every layer has the same
+  sliding window w, only the w + max_query_len - 1 positions from each sequence's first
+  query position - w + 1 on, so that a step's attention costs the same at any context length;
 - ``cu_seqlens``, ``position_ids``, ``max_query_len``: where each token row sits in a
   (sequences, max_query_len) layout of queries, and its absolute position.
 
@@ -41,29 +43,38 @@ class AttentionPlan:
         self.write_rows = written.nonzero().squeeze(1)
         self.write_slots = slot_mapping[self.write_rows]
 
+        query_positions = torch.full((num_sequences, self.max_query_len), -1, dtype=torch.long, device=device)
+        query_positions[self.row_sequence, self.row_offset] = positions
+
+        # Key positions gathered per sequence: all of 0 .. max_kv_len - 1, or, when every layer
+        # has the same window w, only the span the step's queries can see, from its first
+        # query's position - w + 1 on (w + max_query_len - 1 positions, flat in context length).
         max_kv_len = int(inputs.max_kv_len)
-        table = inputs.block_table.to(device).long()
-        key_positions = torch.arange(max_kv_len, device=device)
-        block_index = key_positions // block_size
-        width = table.shape[1]
-        if width:
-            blocks = table[:, block_index.clamp(max=width - 1)]
+        windows = set(sliding_windows)
+        window = next(iter(windows)) if len(windows) == 1 else None
+        if window is None or window + self.max_query_len - 1 >= max_kv_len:
+            key_positions = torch.arange(max_kv_len, device=device)[None, :]
         else:
-            blocks = table.new_full((num_sequences, max_kv_len), -1)
-        blocks = torch.where(block_index[None, :] < width, blocks, -1)  # past the table: missing
+            first = query_positions[:, 0].clamp(min=0)
+            span = torch.arange(window + self.max_query_len - 1, device=device)
+            key_positions = (first - window + 1).clamp(min=0)[:, None] + span[None, :]
+        table = inputs.block_table.to(device).long()
+        width = table.shape[1]
+        block_index = (key_positions // block_size).expand(num_sequences, -1)
+        blocks = table.gather(1, block_index.clamp(max=width - 1))
+        blocks = torch.where(block_index < width, blocks, -1)  # past the table: missing
         kv_lens = inputs.kv_lens.to(device).long()
-        key_valid = (key_positions[None, :] < kv_lens[:, None]) & (blocks >= 0)
+        key_valid = (key_positions < kv_lens[:, None]) & (blocks >= 0)
         self.key_valid = key_valid
         self.key_slots = torch.where(key_valid, blocks * block_size + key_positions % block_size, 0)
 
-        query_positions = torch.full((num_sequences, self.max_query_len), -1, dtype=torch.long, device=device)
-        query_positions[self.row_sequence, self.row_offset] = positions
-        causal = (key_positions[None, None, :] <= query_positions[:, :, None]) & key_valid[:, None, :]
-        self.masks = {}  # window (None: full attention) -> (sequences, 1, max_query_len, max_kv_len)
-        for window in set(sliding_windows):
+        key_positions = key_positions[:, None, :]
+        causal = (key_positions <= query_positions[:, :, None]) & key_valid[:, None, :]
+        self.masks = {}  # window (None: full attention) -> (sequences, 1, max_query_len, keys)
+        for window in windows:
             mask = causal
             if window is not None:
-                mask = mask & (key_positions[None, None, :] > query_positions[:, :, None] - window)
+                mask = mask & (key_positions > query_positions[:, :, None] - window)
             self.masks[window] = mask[:, None]
 
     def attend(self, q, k, v, keys, values, window):
@@ -72,7 +83,7 @@ class AttentionPlan:
         keys[self.write_slots] = k[self.write_rows]
         values[self.write_slots] = v[self.write_rows]
         invalid = ~self.key_valid[:, :, None, None]
-        gathered_keys = keys[self.key_slots].masked_fill(invalid, 0)  # (sequences, max_kv_len, kv_heads, dim)
+        gathered_keys = keys[self.key_slots].masked_fill(invalid, 0)  # (sequences, keys, kv_heads, dim)
         gathered_values = values[self.key_slots].masked_fill(invalid, 0)
         queries = q.new_zeros((self.num_sequences, self.max_query_len) + q.shape[1:])
         queries[self.row_sequence, self.row_offset] = q
