@@ -66,8 +66,12 @@ def test_text_prompts_are_encoded_and_the_output_decoded(backend, checkpoints, c
     assert "OK: all 2 requests equal the reference" in out
 
 
-def test_bad_arguments_are_named(backend, checkpoints, capsys):
+def test_bad_arguments_are_named(backend, checkpoints, capsys, tmp_path):
     assert main(["--dtype", "float16"]) == 2
     assert "--dtype and --prompt need --model DIR" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="has no tokenizer.json"):
         main(["--model", str(checkpoints["qwen2"]), "--prompt", "hello"])
+    with pytest.raises(SystemExit, match="--model: dtype 'int8' is not one of"):
+        main(["--model", str(checkpoints["qwen2"]), "--dtype", "int8"])
+    with pytest.raises(SystemExit, match="--model: .*: no config.json"):
+        main(["--model", str(tmp_path)])

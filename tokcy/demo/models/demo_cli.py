@@ -29,9 +29,12 @@ def load(args):
     """(model, one-line description) for ``args.model``; raises SystemExit with a message on failure."""
     import torch
 
-    from tokcy.demo.models import load_model
+    from tokcy.demo.models import CheckpointError, UnsupportedModelError, load_model
 
-    model = load_model(args.model, device=args.device, dtype=args.dtype or torch.float32)
+    try:
+        model = load_model(args.model, device=args.device, dtype=args.dtype or torch.float32)
+    except (CheckpointError, UnsupportedModelError, ValueError, TypeError) as error:
+        raise SystemExit(f"--model: {error}") from None
     c = model.config
     window = f", sliding window {c.sliding_window}" if c.sliding_window else ""
     description = (f"{c.model_type} checkpoint {args.model}: {c.num_layers} layers, hidden {c.hidden_size}, "
