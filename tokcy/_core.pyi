@@ -137,8 +137,11 @@ class InputWriter:
         max_draft_len: int,
         cuda_graph_batch_sizes: Iterable[SupportsIndex] | None,
         max_beam_width: int,
+        block_sizes: tuple[int, ...] | None = None,
     ) -> tuple[int, int, int, int, int, int]: ...
     def write(self) -> tuple[int, int, int, int, int, int, int, int, int, int, int]: ...
+    def set_metadata(self, metadata: AttentionMetadata | None) -> None: ...
+    def planned_blocks(self) -> tuple[int, tuple[int, ...]]: ...
     def prepare(
         self,
         context_requests: Iterable[Request],
@@ -148,7 +151,44 @@ class InputWriter:
         max_draft_len: int,
         cuda_graph_batch_sizes: Iterable[SupportsIndex] | None,
         max_beam_width: int,
+        block_sizes: tuple[int, ...] | None = None,
     ) -> tuple[int, int, int, int, int, int, int, int, int, int, int]: ...
+
+# Attention metadata, written by InputWriter in the same pass when a call gives block
+# sizes (tokcy.executor is the public face; docs/attention.md the semantics).
+class DeviceTableRows:
+    """What each row of a device block table holds (shared by one preparer's staging buffers)."""
+
+    max_slots: int
+    num_groups: int
+    width: int
+    def __init__(self, max_slots: int, num_groups: int, width: int) -> None: ...
+    def row_state(self, group: int, slot: int) -> tuple[int, int, int]: ...
+
+class AttentionMetadata:
+    """The metadata outputs of an InputWriter and the per-step state of a device table."""
+
+    has_device_table: bool
+    num_changed_entries: int  # device-table entries the last call sent
+    max_query_len: int
+    max_kv_len: int
+    longest_table: int
+    def __init__(self) -> None: ...
+    def bind(
+        self,
+        max_blocks_per_seq: int,
+        kv_lens: npt.NDArray[np.int32],
+        cu_kv_seqlens: npt.NDArray[np.int32],
+        slot_mapping: Sequence[npt.NDArray[np.int64]],
+        kv_indptr: Sequence[npt.NDArray[np.int32]],
+        kv_last_page_len: Sequence[npt.NDArray[np.int32]],
+        block_table: Sequence[npt.NDArray[np.int32]] | None = None,
+        kv_indices: Sequence[npt.NDArray[np.int32]] | None = None,
+    ) -> None: ...
+    def bind_device_table(
+        self, rows: DeviceTableRows, table_slots: npt.NDArray[np.int32], delta_area: npt.NDArray[np.int32]
+    ) -> None: ...
+    def results(self) -> tuple[int, int, int, tuple[int, ...]]: ...
 
 # ---------------------------------------------------------------- connector (hot loop 2)
 # The per-request report state behind tokcy.connector.SchedulerOutputManager; build()

@@ -15,7 +15,7 @@ import time
 from tokcy.bench import backends, machine, report
 from tokcy.bench.timing import PLANS
 
-SCENARIOS = ("accessors", "executor", "connector", "memory")
+SCENARIOS = ("accessors", "executor", "connector", "memory", "attention")
 
 
 def load_scenario(name: str):

@@ -1,0 +1,243 @@
+"""Scenario ``attention``: the attention metadata of a decode step, tokcy against two baselines.
+
+Batch: 256 generation requests of L tokens each (one row per request), block size 16 or
+256, one or two layer groups (both with the same block size and full tables). Every step
+one request in 16 (block 16) or in 256 (block 256) has its last block id rewritten,
+standing in for the new block a decode step allocates every ``block_size`` tokens, so
+tokcy's device table has something to send; every implementation pays that same touch.
+
+Implementations (seconds of host work per step):
+
+* ``tokcy``: ``InputPreparer.prepare`` with the block size: the one pass (tokens and all
+  metadata), the changed entries staged, the packed copy launched. The device-side work
+  (scatter of the changed entries, gather of the batch's dense and CSR tables) is GPU work
+  on a GPU; on a CPU it is CPU work, so while timing the host step it is replaced by a
+  stub (``DeviceBlockTable.apply``) and timed on its own: the ``device-side`` note;
+* ``prepare_inputs``: today's ``prepare_inputs`` alone (tokens, no metadata), the goal's yardstick;
+* ``small_engine``: (a) the small-engine pattern: per request the block table as a Python
+  list, slot and lengths in Python, the tables padded per step, new tensors per step;
+* ``vllm``: (b) the vLLM pattern: a persistent numpy ``[requests, max_blocks]`` table
+  (kept by the engine as blocks are allocated: not timed), numpy slot mapping, and the
+  batch's full rows copied to a persistent device tensor every step.
+
+Notes per row: the bytes each sends host-to-device per step, and the host-only dense and
+CSR tables of ``prepare_inputs(..., block_size=...)`` as bandwidth against a numpy copy of
+the same bytes (those tables are O(blocks held) by construction).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tokcy.bench.scenario import Row, Scenario
+from tokcy.bench.timing import measure
+
+BATCH = 256
+CONFIGS = {
+    "smoke": ((64, 16, 1), (64, 16, 2)),
+    "quick": ((2_048, 16, 1), (131_072, 16, 1)),
+    "default": ((2_048, 16, 1), (131_072, 16, 1), (131_072, 256, 1), (131_072, 16, 2)),
+    "full": tuple((L, bs, g) for g in (1, 2) for bs in (16, 256) for L in (2_048, 32_768, 131_072)),
+}
+
+
+class World:
+    """256 decode requests of ``seq_len`` tokens with full block tables, and the touch."""
+
+    def __init__(self, backend, seq_len, block_size, num_groups, batch=BATCH):
+        from tokcy import RequestState
+
+        self.block_size, self.num_groups = block_size, num_groups
+        self.width = -(-(seq_len + 1) // block_size)
+        prompt = np.arange(seq_len, dtype=np.int32) % 50_000
+        self.requests = []
+        for index in range(batch):
+            request = backend.Request(index, prompt, num_layer_groups=num_groups)
+            request.state = RequestState.GENERATION_IN_PROGRESS
+            request.seq_slot = index
+            for group, table in enumerate(request.block_tables):
+                table.extend(np.arange(self.width, dtype=np.int32) + (group * batch + index) * self.width)
+            self.requests.append(request)
+        self.every = 16 if block_size <= 16 else 256  # one request in 16 gains a block per step at bs 16
+        self.step_index = 0
+
+    def touch(self):
+        """A decode step's new blocks: rewrite the last block id of a few requests."""
+        self.step_index += 1
+        for request in self.requests[self.step_index % self.every :: self.every]:
+            table = request.block_tables[0]
+            table[-1] = table[-1]
+
+
+def small_engine(world):
+    """(a): per step, Python lists from every block table, padded, then new tensors."""
+    import torch
+
+    def step():
+        world.touch()
+        bs = world.block_size
+        out = []
+        for group in range(world.num_groups):
+            input_ids, positions, slots, kv_lens, tables = [], [], [], [], []
+            for request in world.requests:
+                n = request.get_num_tokens(0)
+                table = request.block_tables[group].tolist()
+                input_ids.append(request.get_last_tokens(0))
+                positions.append(n - 1)
+                slots.append(table[(n - 1) // bs] * bs + (n - 1) % bs)
+                kv_lens.append(n)
+                tables.append(table)
+            width = max(len(table) for table in tables)
+            padded = [table + [0] * (width - len(table)) for table in tables]
+            out.append((torch.tensor(input_ids, dtype=torch.int32), torch.tensor(positions, dtype=torch.int64),
+                        torch.tensor(slots, dtype=torch.int64), torch.tensor(kv_lens, dtype=torch.int32),
+                        torch.tensor(padded, dtype=torch.int32)))
+        return out
+
+    width = max(len(request.block_tables[0]) for request in world.requests)
+    sent = world.num_groups * len(world.requests) * (4 + 8 + 8 + 4 + 4 * width)
+    return step, sent
+
+
+def vllm(world):
+    """(b): persistent numpy table, numpy slots, the batch's full rows copied every step."""
+    import torch
+
+    count = len(world.requests)
+    bs = world.block_size
+    tables = [np.zeros((count, world.width), dtype=np.int32) for _ in range(world.num_groups)]
+    for group, table in enumerate(tables):
+        for index, request in enumerate(world.requests):
+            ids = request.block_tables[group].tolist()  # (a view would make every touch copy-on-write)
+            table[index, : len(ids)] = ids
+    positions = np.array([request.get_num_tokens(0) - 1 for request in world.requests], dtype=np.int64)
+    rows = np.arange(count)
+    device_tables = [torch.zeros((count, world.width), dtype=torch.int32) for _ in tables]
+    device_slots = [torch.zeros(count, dtype=torch.int64) for _ in tables]
+    device_lens = torch.zeros(count, dtype=torch.int32)
+
+    def step():
+        world.touch()
+        kv_lens = (positions + 1).astype(np.int32)
+        device_lens.copy_(torch.from_numpy(kv_lens))
+        for table, device_table, device_slot in zip(tables, device_tables, device_slots):
+            slots = table[rows, positions // bs].astype(np.int64) * bs + positions % bs
+            device_slot.copy_(torch.from_numpy(slots))
+            device_table.copy_(torch.from_numpy(table))  # the batch's full rows
+
+    sent = count * 4 + world.num_groups * count * (8 + 4 * world.width)
+    return step, sent
+
+
+def tokcy_preparer(world):
+    """tokcy's host step with the device-side part stubbed out; that part timed apart."""
+    from tokcy.executor import InputPreparer
+
+    sizes = (world.block_size,) * world.num_groups
+    preparer = InputPreparer(len(world.requests), len(world.requests), block_sizes=sizes,
+                             max_blocks_per_seq=world.width, max_slots=len(world.requests))
+    preparer.prepare([], world.requests)  # the first step sends every table whole
+    table = preparer.device_table
+    real_apply = table.apply
+    recorded = {}
+
+    def stub(*args):
+        recorded["args"] = args
+        return recorded["outputs"]
+
+    recorded["outputs"] = real_apply(preparer._device_packed, 0, 0, *_batch_views(preparer, world), sizes,
+                                     _indices(world, sizes))
+    table.apply = stub
+
+    def step():
+        world.touch()
+        preparer.prepare([], world.requests)
+
+    step()
+    bytes_sent = preparer.last_copy_bytes
+    device_side = lambda: real_apply(*recorded["args"])  # noqa: E731
+    return step, bytes_sent, device_side
+
+
+def _batch_views(preparer, world):
+    padded = len(world.requests)
+    return (preparer._packed_view("kv_lens", padded), preparer._packed_view("table_slots", padded),
+            [preparer._packed_view(f"kv_indptr/{group}", padded + 1) for group in range(world.num_groups)])
+
+
+def _indices(world, sizes):
+    n = world.requests[0].get_num_tokens(0)
+    return [len(world.requests) * -(-n // size) for size in sizes]
+
+
+def host_tables(world):
+    """prepare_inputs writing the dense and CSR tables on the host, and a numpy copy of as many bytes."""
+    from tokcy.executor import HostBuffers, prepare_inputs
+
+    sizes = (world.block_size,) * world.num_groups
+    out = HostBuffers(len(world.requests), len(world.requests), max_blocks_per_seq=world.width,
+                      num_layer_groups=world.num_groups)
+    inputs = prepare_inputs([], world.requests, block_sizes=sizes, out=out)
+    table_bytes = sum(group.block_table.nbytes + group.kv_indices.nbytes for group in inputs.groups)
+    source = np.ones(table_bytes // 4, dtype=np.int32)
+    target = np.empty_like(source)
+    return (lambda: prepare_inputs([], world.requests, block_sizes=sizes, out=out),
+            lambda: np.copyto(target, source), table_bytes)
+
+
+class Attention(Scenario):
+    name = "attention"
+    title = "Attention metadata: host work of a decode step, 256 requests of L tokens"
+    columns = (("seq_len", "L (tokens)"), ("block_size", "block"), ("groups", "groups"))
+    implementations = ("tokcy", "prepare_inputs", "small_engine", "vllm")
+    needs = ("torch", "tokcy.executor")
+    legend = (
+        "tokcy: InputPreparer.prepare with a block size (tokens + slot mapping + KV lengths + CSR offsets, changed "
+        "block-table entries staged, one packed copy); device-side scatter/gather stubbed out and timed apart",
+        "prepare_inputs: today's token inputs alone; small_engine: (a) padded Python lists + new tensors per step; "
+        "vllm: (b) persistent numpy table, numpy slots, full rows copied per step",
+        "goals: tokcy within 1.5x of prepare_inputs; at L=131,072 block 16, >= 5x vs vllm and >= 20x vs "
+        "small_engine; flat in L; bytes/step independent of L; host tables >= half a numpy copy's bandwidth",
+    )
+    plot_x = "seq_len"
+    plot_xlabel = "sequence length L (tokens), block 16, one group"
+
+    def configs(self, level):
+        return [{"seq_len": L, "block_size": bs, "groups": g} for L, bs, g in CONFIGS[level]]
+
+    def describe(self, config):
+        return f"L={config['seq_len']:,} block={config['block_size']} groups={config['groups']}"
+
+    def run(self, config, backend, plan):
+        from tokcy.executor import HostBuffers, prepare_inputs
+
+        world = World(backend, config["seq_len"], config["block_size"], config["groups"],
+                      batch=64 if config["seq_len"] <= 64 else BATCH)
+        tokcy_step, tokcy_bytes, device_side = tokcy_preparer(world)
+        small_step, small_bytes = small_engine(world)
+        vllm_step, vllm_bytes = vllm(world)
+        plain = HostBuffers(len(world.requests), len(world.requests))
+        steps = {
+            "tokcy": tokcy_step,
+            "prepare_inputs": lambda: (world.touch(), prepare_inputs([], world.requests, out=plain)),
+            "small_engine": small_step,
+            "vllm": vllm_step,
+        }
+        timings = {name: measure(step, plan) for name, step in steps.items()}
+        device_timing = measure(device_side, plan)
+        tables_step, copy_step, table_bytes = host_tables(world)
+        tables_timing, copy_timing = measure(tables_step, plan), measure(copy_step, plan)
+        bandwidth = table_bytes / tables_timing.median / 1e9
+        copy_bandwidth = table_bytes / copy_timing.median / 1e9
+        note = (f"L={config['seq_len']:,} block={config['block_size']} groups={config['groups']}: bytes H2D per step "
+                f"tokcy {tokcy_bytes:,}, small_engine {small_bytes:,}, vllm {vllm_bytes:,}; device-side "
+                f"scatter+gather (CPU) {device_timing.median * 1e6:.1f} us; host dense+CSR tables "
+                f"{bandwidth:.2f} GB/s vs numpy copy {copy_bandwidth:.2f} GB/s ({table_bytes:,} bytes)")
+        return Row(config=dict(config), values={name: t.median for name, t in timings.items()},
+                   timings={name: t.as_dict() for name, t in timings.items()}, note=note)
+
+    def plot_series(self, rows):
+        return super().plot_series([row for row in rows if row.config["block_size"] == 16 and row.config["groups"] == 1])
+
+
+SCENARIO = Attention()
