@@ -1,6 +1,7 @@
 """``python -m tokcy demo``: run the engine on a workload, check it against the reference, report."""
 
 import argparse
+import functools
 import gc
 import sys
 import time
@@ -11,6 +12,7 @@ import tokcy
 from tokcy import _backend
 from tokcy.demo.engine import Engine, EngineConfig, same_named
 from tokcy.demo.model import ModelConfig, TinyTransformer
+from tokcy.demo.models import demo_cli
 from tokcy.demo.reference import generate
 from tokcy.demo.workload import make_workload
 
@@ -40,9 +42,15 @@ def _parser():
     parser.add_argument("--graph-sizes", type=int, nargs="+", default=(1, 2, 4, 8, 16))
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda when available")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    parser.add_argument("--no-check", dest="check", action="store_false",
-                        help="skip the reference and the per-iteration mirror check")
+    parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
+                        help="compare every request with the reference (default: on for the built-in model, off "
+                        "for --model, whose reference is transformers); --no-check also skips the mirror check")
+    demo_cli.add_arguments(parser)
     return parser
+
+
+def _first_difference(got, expected):
+    return next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
 
 
 def main(argv=None):
@@ -51,14 +59,26 @@ def main(argv=None):
         print("--device cuda: CUDA is not available here", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    model = TinyTransformer(ModelConfig(), device=args.device)
-    workload = make_workload(args.requests, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                             vocab_size=model.config.vocab_size, seed=args.seed)
+    check = args.check if args.check is not None else args.model is None
+    if args.model is None:
+        if args.dtype is not None or args.prompt:
+            print("--dtype and --prompt need --model DIR", file=sys.stderr)
+            return 2
+        model = TinyTransformer(ModelConfig(), device=args.device)
+        c = model.config
+        description = f"built-in, vocab {c.vocab_size}, d_model {c.d_model}, {c.num_layers} layers, float64"
+        workload = make_workload(args.requests, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                                 vocab_size=model.config.vocab_size, seed=args.seed)
+        reference, reference_name = functools.partial(generate, model), "full recompute, no cache"
+    else:
+        model, description = demo_cli.load(args)
+        workload = demo_cli.workload(args, model)
+        reference, reference_name = demo_cli.reference(args) if check else (None, None)
     config = EngineConfig(
         **same_named(args, ("num_blocks", "block_size", "max_num_tokens", "max_batch_size", "max_chunk",
                             "speculation", "max_draft_len", "overlap", "device")),
         cuda_graph_batch_sizes=tuple(args.graph_sizes) if args.padding else None,
-        check_connector=args.check,
+        check_connector=args.check is not False,
         time_after_pattern=True,
     )
     engine = Engine(model, config)
@@ -77,11 +97,12 @@ def main(argv=None):
 
     mismatched = []
     reference_time = 0.0
-    if args.check:
+    if check:
         start = time.perf_counter()
         for request_id, (prompt, budget) in enumerate(zip(workload.prompts, workload.max_new_tokens)):
-            if outputs.get(request_id) != generate(model, prompt, budget):
-                mismatched.append(request_id)
+            expected = reference(prompt, budget)
+            if outputs.get(request_id) != expected:
+                mismatched.append((request_id, _first_difference(outputs.get(request_id) or [], expected)))
         reference_time = time.perf_counter() - start
 
     stats = engine.stats
@@ -92,8 +113,7 @@ def main(argv=None):
                                    ("padding", args.padding)) if on]
     print(f"tokcy {tokcy.__version__} demo: backend {_backend.BACKEND}, device {args.device}, "
           f"torch {torch.__version__} ({torch.get_num_threads()} thread(s)), modes: {', '.join(modes) or 'plain'}")
-    print(f"model: vocab {model.config.vocab_size}, d_model {model.config.d_model}, "
-          f"{model.config.num_layers} layers, float64; KV pool {args.num_blocks} blocks x {args.block_size} tokens")
+    print(f"model: {description}; KV pool {args.num_blocks} blocks x {args.block_size} tokens")
     print(f"requests: {len(workload)} (prompts {min(map(len, workload.prompts))}-{max(map(len, workload.prompts))} "
           f"tokens, {workload.num_prompt_tokens} in all; {sum(workload.max_new_tokens)} tokens to generate)")
     print(f"tokens: {stats.generated_tokens} generated, {stats.forward_tokens} token rows through the model "
@@ -111,11 +131,17 @@ def main(argv=None):
     print(f"input preparation on the same {stats.timed_batches} batches: tokcy prepare_inputs "
           f"{1e6 * stats.time_prepare_host / timed:.1f} us vs the 'after' pattern (per-request Python loop) "
           f"{1e6 * stats.time_after_pattern / timed:.1f} us per iteration")
+    if stats.released_blocks:
+        print(f"sliding window: {stats.released_blocks} blocks released and freed")
+    if args.prompt:
+        demo_cli.print_texts(args, outputs)
     print(f"engine wall time {engine_time:.2f} s", end="")
-    if args.check:
-        print(f"; reference {reference_time:.2f} s; connector mirror checked on {engine.store.reports} reports")
+    if check:
+        print(f"; reference ({reference_name}) {reference_time:.2f} s; connector mirror checked on "
+              f"{engine.store.reports} reports")
         if mismatched:
-            print(f"MISMATCH: {len(mismatched)} of {len(workload)} requests differ from the reference: {mismatched}")
+            where = ", ".join(f"{request_id} (from generated token {first})" for request_id, first in mismatched)
+            print(f"MISMATCH: {len(mismatched)} of {len(workload)} requests differ from the reference: {where}")
             return 1
         print(f"OK: all {len(workload)} requests equal the reference token for token")
     else:

@@ -80,6 +80,7 @@ class EngineStats:
     drafts_accepted: int = 0
     draft_steps: int = 0
     preemptions: int = 0
+    released_blocks: int = 0  # blocks a sliding window left behind, released and freed
     time_prepare: float = 0.0  # InputPreparer.prepare (host arrays + device feed)
     time_report: float = 0.0  # build_scheduler_output
     time_forward: float = 0.0  # model forward + sampling
@@ -102,7 +103,8 @@ class Engine:
             raise ValueError(f"model is on {model.device}, engine on {self.device}")
         mc = model.config
         self.cache = PagedKVCache(config.num_blocks, config.block_size, mc.num_layers, mc.num_kv_heads, mc.head_dim,
-                                  device=self.device, poison=config.poison_kv, dtype=model.dtype)
+                                  device=self.device, poison=config.poison_kv, dtype=model.dtype,
+                                  sliding_window=getattr(mc, "sliding_window", None))
         self.scheduler = Scheduler(self.cache, on_preempt=self._before_preempt,
                                    **same_named(config, SCHEDULER_SETTINGS))
         self.max_draft_len = self.scheduler.max_draft_len
@@ -142,6 +144,7 @@ class Engine:
         config, stats = self.config, self.stats
         batch = self.scheduler.schedule()
         stats.preemptions += len(batch.preempted)
+        stats.released_blocks = self.cache.num_released_total
         if not batch:
             self._catch_up()  # only tokens still on the device remain: bring them over
             return

@@ -6,6 +6,10 @@ pos % block_size``. The allocator is a LIFO free list, so a freed block (rejecte
 drafts, a preempted or finished request) is the next one handed out: re-use is the
 common case, which is what the connector's rewind reporting has to get right.
 
+With a ``sliding_window`` (every layer of the model attends to the last ``window``
+positions only), ``release_behind`` releases the blocks wholly behind the window of a
+request's earliest next query (``BlockTable.release_front``: they read -1) and frees them.
+
 With ``poison=True`` every block is filled with NaN when it is allocated, so a read of a
 position nobody wrote shows up as a wrong token instead of passing by luck.
 """
@@ -21,18 +25,20 @@ class PoolExhausted(RuntimeError):
 
 class PagedKVCache:
     def __init__(self, num_blocks, block_size, num_layers, num_heads, head_dim, *, device="cpu", poison=False,
-                 dtype=DTYPE):
+                 dtype=DTYPE, sliding_window=None):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.device = torch.device(device)
         self.poison = poison
+        self.sliding_window = sliding_window
         shape = (num_layers, num_blocks * block_size, num_heads, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=self.device)
         self.values = torch.zeros(shape, dtype=dtype, device=self.device)
         self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ... first
         self.num_allocated_total = 0
+        self.num_released_total = 0
 
     # allocator ---------------------------------------------------------------------
     @property
@@ -71,9 +77,30 @@ class PagedKVCache:
         table = request.block_tables[0]
         keep = self.blocks_for(num_positions)
         if keep < len(table):
-            tail = table.view()[keep:].tolist()
+            tail = [block for block in table.view()[keep:].tolist() if block >= 0]  # -1: released, already free
             table.truncate(keep)
             self._free.extend(reversed(tail))
+
+    def release_behind(self, request, first_query_position):
+        """Release and free the blocks no query from ``first_query_position`` on can see.
+
+        A query at position q sees keys ``q - window + 1 .. q`` (transformers' sliding-window
+        mask), so block b is needed while ``(b + 1) * block_size > first_query_position -
+        window + 1``. Returns how many blocks this call released.
+        """
+        if self.sliding_window is None:
+            return 0
+        table = request.block_tables[0]
+        behind = max(0, first_query_position - self.sliding_window + 1) // self.block_size
+        behind = min(behind, len(table))
+        already = table.num_released
+        if behind <= already:
+            return 0
+        blocks = table.view()[already:behind].tolist()
+        table.release_front(behind)
+        self._free.extend(reversed(blocks))
+        self.num_released_total += behind - already
+        return behind - already
 
     def free_all(self, request):
         """Return every block of ``request`` to the pool and empty its table."""

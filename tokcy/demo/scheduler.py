@@ -202,6 +202,7 @@ class Scheduler:
                 if self.speculation:
                     drafts = propose(request, entry.ngram, min(self.max_draft_len, entry.remaining - 1, budget - 1))
                 num_positions = n + len(drafts)
+            self.cache.release_behind(request, n if entry.pending else n - 1)  # earliest query of this step
             if not self._reserve(entry, num_positions, preempted):
                 continue
             request.draft_tokens = drafts
@@ -227,6 +228,8 @@ class Scheduler:
             if not admitting and request.state != CONTEXT:
                 continue
             position = request.context_current_position
+            if not admitting:
+                self.cache.release_behind(request, position)
             free_positions = (len(request.block_tables[0]) + self.cache.num_free) * self.cache.block_size - position
             if admitting:  # leave a block per generating request so admission does not force preemption
                 free_positions -= generating * self.cache.block_size

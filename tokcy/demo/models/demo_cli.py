@@ -1,0 +1,89 @@
+"""The ``--model DIR`` side of ``python -m tokcy demo``: a checkpoint, its prompts, its reference.
+
+``python -m tokcy demo --model DIR`` runs the demo workload (prompts are token ids drawn
+from the checkpoint's vocabulary) through the engine on that checkpoint; ``--prompt TEXT``
+(repeatable) runs those texts instead when the directory has a ``tokenizer.json`` and the
+``tokenizers`` package is installed, and prints the decoded continuations; ``--check``
+compares every request with ``transformers``' own greedy ``generate`` on the same weights,
+at the same dtype and on the same device.
+"""
+
+import functools
+import os
+
+from tokcy.demo.workload import Workload, make_workload
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def add_arguments(parser):
+    group = parser.add_argument_group("a real checkpoint (Llama, Mistral, Qwen2)")
+    group.add_argument("--model", metavar="DIR", help="local checkpoint directory (config.json, *.safetensors)")
+    group.add_argument("--dtype", default=None, help="weights and KV dtype for --model: float32 (default), "
+                       "float64, float16, bfloat16")
+    group.add_argument("--prompt", action="append", metavar="TEXT",
+                       help="a text prompt (repeatable); needs tokenizer.json in DIR and the tokenizers package")
+
+
+def load(args):
+    """(model, one-line description) for ``args.model``; raises SystemExit with a message on failure."""
+    import torch
+
+    from tokcy.demo.models import CheckpointError, UnsupportedModelError, load_model
+
+    try:
+        model = load_model(args.model, device=args.device, dtype=args.dtype or torch.float32)
+    except (CheckpointError, UnsupportedModelError, ValueError, TypeError) as error:
+        raise SystemExit(f"--model: {error}") from None
+    c = model.config
+    window = f", sliding window {c.sliding_window}" if c.sliding_window else ""
+    description = (f"{c.model_type} checkpoint {args.model}: {c.num_layers} layers, hidden {c.hidden_size}, "
+                   f"{c.num_heads} heads / {c.num_kv_heads} KV heads x {c.head_dim}, vocab {c.vocab_size}"
+                   f"{window}, {str(model.dtype).removeprefix('torch.')}")
+    return model, description
+
+
+def tokenizer(directory):
+    path = os.path.join(directory, TOKENIZER_FILE)
+    if not os.path.isfile(path):
+        raise SystemExit(f"--prompt: {directory} has no {TOKENIZER_FILE}; give token ids instead (drop --prompt)")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise SystemExit("--prompt needs the tokenizers package (pip install tokenizers)") from None
+    return Tokenizer.from_file(path)
+
+
+def workload(args, model):
+    """The requests: the text prompts when given (each with the largest --new-tokens budget), else the
+    default workload over the model's vocabulary."""
+    if args.prompt:
+        encode = tokenizer(args.model).encode
+        prompts = tuple(tuple(encode(text).ids) for text in args.prompt)
+        if not all(prompts):
+            raise SystemExit("--prompt: a prompt encodes to no tokens")
+        return Workload(prompts, (args.new_tokens[1],) * len(prompts))
+    return make_workload(args.requests, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                         vocab_size=model.config.vocab_size, seed=args.seed)
+
+
+def reference(args):
+    """(greedy generate function of (prompt, budget), its name) backed by transformers on the same weights."""
+    try:
+        import transformers
+    except ImportError:
+        raise SystemExit("--check with --model needs transformers (pip install 'tokcy[models]')") from None
+    import torch
+
+    from tokcy.demo.models import parse_dtype
+    from tokcy.demo.models.reference import generate, reference_model
+
+    hf_model = reference_model(args.model, device=args.device, dtype=parse_dtype(args.dtype or torch.float32))
+    name = f"transformers {transformers.__version__} generate(do_sample=False), one request at a time"
+    return functools.partial(generate, hf_model), name
+
+
+def print_texts(args, outputs):
+    decode = tokenizer(args.model).decode
+    for request_id, text in enumerate(args.prompt):
+        print(f"[{request_id}] {text!r} -> {decode(list(outputs[request_id]))!r}")
