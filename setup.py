@@ -6,7 +6,10 @@ Environment switches (read at build time):
   TOKCY_CYTHON_DEBUG=1        bounds checks, wraparound and initialized checks back on,
                               and the C asserts guarding the nogil loops' writes.
 Without either of the first two, a failure (no Cython, no compiler, a Cython error)
-prints a warning and the install goes on with the pure twin.
+prints a warning and the install goes on with the pure twin. pip shows a build's output
+only with -v, so the warning also goes to the terminal (/dev/tty) when there is one, and
+the wheel is then tagged py3-none-any (pip prints its file name); ``import tokcy`` warns
+too, and ``python -m tokcy --version`` names the backend.
 """
 
 import os
@@ -34,8 +37,27 @@ DIRECTIVES = {
 }
 
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
+
+# Set when the extension could not be built: the wheel is then pure Python.
+FELL_BACK = False
+
+
 def _warn(message):
-    print(f"WARNING: tokcy: {message}; installing the pure-Python backend only.", file=sys.stderr)
+    global FELL_BACK
+    FELL_BACK = True
+    text = (f"WARNING: tokcy: {message}; installing the pure-Python backend only (several times slower). "
+            "Check with: python -m tokcy --version\n")
+    sys.stderr.write(text)
+    if not sys.stderr.isatty():  # pip captures stderr: say it where the user looks
+        try:
+            with open("/dev/tty", "w") as terminal:
+                terminal.write(text)
+        except OSError:
+            pass
 
 
 class OptionalBuildExt(build_ext):
@@ -56,6 +78,18 @@ class OptionalBuildExt(build_ext):
             if REQUIRE_EXTENSIONS:
                 raise
             _warn(f"compiling {ext.name} failed ({error})")
+
+
+class PureWhenFallenBackWheel(bdist_wheel):
+    """A wheel whose extension failed to build holds pure Python only: tag it py3-none-any."""
+
+    @property
+    def root_is_pure(self):
+        return self._root_is_pure or FELL_BACK
+
+    @root_is_pure.setter
+    def root_is_pure(self, value):
+        self._root_is_pure = value
 
 
 def _extensions():
@@ -80,4 +114,4 @@ def _extensions():
         return []
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt, "bdist_wheel": PureWhenFallenBackWheel})

@@ -70,8 +70,8 @@ def _load() -> tuple[ModuleType, str, str | None]:
 
         reason = fallback_reason(error)
         warnings.warn(
-            f"tokcy runs on the pure-Python backend, several times slower: {reason}. "
-            "Set TOKCY_PURE_PYTHON=1 to choose it on purpose (and silence this warning).",
+            f"tokcy runs on the pure-Python backend, several times slower: {reason} "
+            "(TOKCY_PURE_PYTHON=1 chooses that backend on purpose, without this warning)",
             PurePythonFallbackWarning,
             stacklevel=4,  # the `import tokcy` line (via tokcy/__init__ and _load)
         )
