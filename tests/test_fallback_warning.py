@@ -1,6 +1,7 @@
 """Falling back to the pure twin without being asked warns once, with the real reason;
 TOKCY_PURE_PYTHON=1 stays silent. Each case imports a copy of the package in a subprocess."""
 
+import glob
 import importlib.machinery
 import os
 import shutil
@@ -36,6 +37,20 @@ def _import(path, **env):
     return result.stdout.strip(), result.stderr
 
 
+def _compiled_tokcy_elsewhere(path):
+    """Whether the subprocess would find a compiled tokcy outside path[0] (an installed one)."""
+    result = subprocess.run([sys.executable, "-c", "import sys; print(repr(sys.path))"], capture_output=True,
+                            text=True, check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))})
+    entries = [entry for entry in eval(result.stdout) if entry and os.path.abspath(entry) != str(path[0])]
+    return any(glob.glob(os.path.join(entry, "tokcy", "_core.*")) for entry in entries)
+
+
+def _expected_reason(path, reason):
+    """The reason a lone copy gives; an installed compiled tokcy (a wheel's test run) takes precedence."""
+    return "which has no compiled core, and it shadows the installed tokcy in " if _compiled_tokcy_elsewhere(path) \
+        else reason
+
+
 def test_a_source_tree_shadowing_an_installed_build_names_both_and_the_fix(tmp_path):
     from tests.conftest import compiled_backend
 
@@ -54,14 +69,16 @@ def test_an_unbuilt_checkout_says_how_to_build(tmp_path):
     backend, stderr = _import([package.parent])
     assert backend == "python"
     assert stderr.count("PurePythonFallbackWarning") == 1
-    assert f"{package} is a source checkout whose compiled core is not built; build it: pip install -e ." in stderr
+    assert _expected_reason([package.parent], f"{package} is a source checkout whose compiled core is not built; "
+                            "build it: pip install -e .") in stderr
 
 
 def test_an_install_without_the_core_says_to_reinstall_with_a_compiler(tmp_path):
     package = _copy_package(tmp_path)
     _, stderr = _import([package.parent])
-    assert f"tokcy in {package} was installed without its compiled core" in stderr
-    assert "pip install --force-reinstall tokcy" in stderr
+    assert _expected_reason([package.parent], f"tokcy in {package} was installed without its compiled core (no C "
+                            "compiler, or TOKCY_NO_EXTENSIONS=1 at install); reinstall with a C compiler: "
+                            "pip install --force-reinstall tokcy") in stderr
 
 
 def test_a_core_that_is_built_but_broken_gives_the_import_error(tmp_path):
