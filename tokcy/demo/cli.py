@@ -100,9 +100,10 @@ def main(argv=None):
     timed = max(stats.timed_batches, 1)
     modes = [name for name, on in (("speculation", args.speculation), ("overlap", args.overlap),
                                    ("padding", args.padding)) if on]
-    why_pure = f" ({_backend.WHY_PURE})" if _backend.WHY_PURE else ""
-    print(f"tokcy {tokcy.__version__} demo: backend {_backend.BACKEND}{why_pure}, device {args.device}, "
+    print(f"tokcy {tokcy.__version__} demo: backend {_backend.BACKEND}, device {args.device}, "
           f"torch {torch.__version__} ({torch.get_num_threads()} thread(s)), modes: {', '.join(modes) or 'plain'}")
+    if _backend.WHY_PURE:  # as the bench header says it
+        print(f"   (the compiled core is not in use: {_backend.WHY_PURE})")
     print(f"model: vocab {model.config.vocab_size}, d_model {model.config.d_model}, "
           f"{model.config.num_layers} layers, float64; KV pool {args.num_blocks} blocks x {args.block_size} tokens")
     print(f"requests: {len(workload)} (prompts {min(map(len, workload.prompts))}-{max(map(len, workload.prompts))} "
