@@ -5,6 +5,7 @@ import glob
 import importlib.machinery
 import os
 import shutil
+import site
 import subprocess
 import sys
 
@@ -25,10 +26,20 @@ def _copy_package(root, *, with_setup_py=False):
     return target
 
 
+# The probes run with -S and the site directories on PYTHONPATH: numpy is found, but no .pth
+# file runs, so an editable install's import hook (which would serve tokcy._core from the
+# checkout to any tokcy package) cannot mix the copy with the installed package.
+SITE_DIRS = [entry for entry in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(entry)]
+
+
+def _python_path(path):
+    return os.pathsep.join(map(str, [*path, *SITE_DIRS]))
+
+
 def _import(path, **env):
     result = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path)), "TOKCY_PURE_PYTHON": "", **env},
+        [sys.executable, "-S", "-c", PROBE],
+        env={**os.environ, "PYTHONPATH": _python_path(path), "TOKCY_PURE_PYTHON": "", **env},
         cwd=path[0],
         capture_output=True,
         text=True,
@@ -39,8 +50,8 @@ def _import(path, **env):
 
 def _compiled_tokcy_elsewhere(path):
     """Whether the subprocess would find a compiled tokcy outside path[0] (an installed one)."""
-    result = subprocess.run([sys.executable, "-c", "import sys; print(repr(sys.path))"], capture_output=True,
-                            text=True, check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))})
+    result = subprocess.run([sys.executable, "-S", "-c", "import sys; print(repr(sys.path))"], capture_output=True,
+                            text=True, check=True, env={**os.environ, "PYTHONPATH": _python_path(path)})
     entries = [entry for entry in eval(result.stdout) if entry and os.path.abspath(entry) != str(path[0])]
     return any(glob.glob(os.path.join(entry, "tokcy", "_core.*")) for entry in entries)
 
@@ -97,6 +108,6 @@ def test_asking_for_the_twin_is_silent(tmp_path):
 @pytest.mark.parametrize("command", [["-m", "tokcy", "--version"], ["-m", "tokcy", "-V"]])
 def test_version_names_the_backend_and_why_it_is_pure(tmp_path, command):
     package = _copy_package(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(package.parent), "TOKCY_PURE_PYTHON": "1"}
-    result = subprocess.run([sys.executable, *command], env=env, capture_output=True, text=True, check=True)
+    env = {**os.environ, "PYTHONPATH": _python_path([package.parent]), "TOKCY_PURE_PYTHON": "1"}
+    result = subprocess.run([sys.executable, "-S", *command], env=env, capture_output=True, text=True, check=True)
     assert result.stdout == f"tokcy {tokcy.__version__} (backend python: TOKCY_PURE_PYTHON is set)\n"
