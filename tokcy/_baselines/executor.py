@@ -9,7 +9,8 @@ device-token rows and padding the demo engine (``python -m tokcy demo``) compare
 ``before`` and ``after`` return the arrays and counts of ``PreparedInputs.asdict()``.
 
 * ``before``: the "before" code of the TensorRT-LLM pull request #16791:
-  ``request.get_tokens(0)`` (the whole sequence as a new Python list) per request per iteration, then slicing and ``len()``.
+  ``request.get_tokens(0)`` (the whole sequence as a new Python list) per request per
+  iteration, then slicing and ``len()``.
 * ``after``: #16791's fixed code: a per-request Python loop over ``get_num_tokens``,
   ``get_tokens_range`` and ``get_last_tokens`` (O(1)/O(range)) building lists, then
   ``np.array`` at the end.

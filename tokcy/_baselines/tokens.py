@@ -1,8 +1,8 @@
 """Token-buffer baselines: reading through ``get_tokens()`` copies, and plain Python lists.
 
 The TensorRT-LLM pull requests #16791 and #22092 start from the same pattern:
-``request.get_tokens(0)`` marshals the whole token vector into a new Python list, and the caller then reads only its length, a short slice
-or the last entry. These functions reproduce those reads, so the accessor benchmark can
+``request.get_tokens(0)`` marshals the whole token vector into a new Python list, and the
+caller then reads only its length, a short slice or the last entry. These functions reproduce those reads, so the accessor benchmark can
 time them beside tokcy's O(1) / O(range) accessors on the same request.
 """
 
