@@ -2,8 +2,9 @@
 
 The TensorRT-LLM pull requests #16791 and #22092 start from the same pattern:
 ``request.get_tokens(0)`` marshals the whole token vector into a new Python list, and the
-caller then reads only its length, a short slice or the last entry. These functions reproduce those reads, so the accessor benchmark can
-time them beside tokcy's O(1) / O(range) accessors on the same request.
+caller then reads only its length, a short slice or the last entry. These functions
+reproduce those reads, so the accessor benchmark can time them beside tokcy's O(1) /
+O(range) accessors on the same request.
 """
 
 from __future__ import annotations
