@@ -9,7 +9,10 @@ Environment switches (read at build time):
                               UndefinedBehaviorSanitizer, any report fatal (gcc/clang; run
                               Python with the sanitizer runtime preloaded: docs/invariants.md).
 Without either of the first two, a failure (no Cython, no compiler, a Cython error)
-prints a warning and the install goes on with the pure twin.
+prints a warning and the install goes on with the pure twin. pip shows a build's output
+only with -v, so the warning also goes to the terminal (/dev/tty) when there is one, and
+the wheel is then tagged py3-none-any (pip prints its file name); ``import tokcy`` warns
+too, and ``python -m tokcy --version`` names the backend.
 """
 
 import os
@@ -39,8 +42,27 @@ DIRECTIVES = {
 }
 
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
+
+# Set when the extension could not be built: the wheel is then pure Python.
+FELL_BACK = False
+
+
 def _warn(message):
-    print(f"WARNING: tokcy: {message}; installing the pure-Python backend only.", file=sys.stderr)
+    global FELL_BACK
+    FELL_BACK = True
+    text = (f"WARNING: tokcy: {message}; installing the pure-Python backend only (several times slower). "
+            "Check with: python -m tokcy --version\n")
+    sys.stderr.write(text)
+    if not sys.stderr.isatty():  # pip captures stderr: say it where the user looks
+        try:
+            with open("/dev/tty", "w") as terminal:
+                terminal.write(text)
+        except OSError:
+            pass
 
 
 class OptionalBuildExt(build_ext):
@@ -61,6 +83,18 @@ class OptionalBuildExt(build_ext):
             if REQUIRE_EXTENSIONS:
                 raise
             _warn(f"compiling {ext.name} failed ({error})")
+
+
+class PureWhenFallenBackWheel(bdist_wheel):
+    """A wheel whose extension failed to build holds pure Python only: tag it py3-none-any."""
+
+    @property
+    def root_is_pure(self):
+        return self._root_is_pure or FELL_BACK
+
+    @root_is_pure.setter
+    def root_is_pure(self, value):
+        self._root_is_pure = value
 
 
 def _extensions():
@@ -94,6 +128,7 @@ def _extensions():
 # --- the benchmark's floor (tokcy/bench/_floor.c: the hot loops' work in plain C, timed in C).
 # Private, optional, under the same switches: skipped with TOKCY_NO_EXTENSIONS, fatal on
 # failure with TOKCY_REQUIRE_EXTENSIONS; otherwise a failure only drops the bench's floor column.
+# When the core itself fell back, the floor is skipped too, so the wheel stays pure Python.
 FLOOR = "tokcy.bench._floor"
 
 
@@ -108,6 +143,8 @@ class BuildExtWithFloor(OptionalBuildExt):
     def build_extension(self, ext):
         if ext.name != FLOOR:
             return super().build_extension(ext)
+        if FELL_BACK:
+            return None
         try:
             build_ext.build_extension(self, ext)
         except Exception as error:
@@ -119,5 +156,5 @@ class BuildExtWithFloor(OptionalBuildExt):
 
 setup(
     ext_modules=_extensions() + ([] if NO_EXTENSIONS else _floor_extension()),
-    cmdclass={"build_ext": BuildExtWithFloor},
+    cmdclass={"build_ext": BuildExtWithFloor, "bdist_wheel": PureWhenFallenBackWheel},
 )

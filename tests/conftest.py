@@ -45,3 +45,32 @@ def backend(request, monkeypatch):
 def both_backends():
     """``(compiled, pure)`` for differential tests that run one program on each."""
     return compiled_backend(), _pure
+
+
+# ---------------------------------------------------------------- optional extras
+# Test modules that import torch or matplotlib at top level are not collected when that
+# extra is missing (pip install '.[test]' alone has neither); the run says so at the end.
+import importlib.util  # noqa: E402
+import re  # noqa: E402
+
+_EXTRAS = {"torch": "tokcy[torch]", "matplotlib": "tokcy[bench]"}
+_MISSING = {name for name in _EXTRAS if importlib.util.find_spec(name) is None}
+_NOT_COLLECTED = {}
+
+
+def pytest_ignore_collect(collection_path, config):
+    if not _MISSING or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    text = collection_path.read_text(encoding="utf-8", errors="replace")
+    for name in sorted(_MISSING):
+        if re.search(rf"^(import {name}\b|from {name}[ .])", text, re.MULTILINE):
+            _NOT_COLLECTED[collection_path.name] = name
+            return True
+    return None
+
+
+def pytest_terminal_summary(terminalreporter):
+    for module, name in sorted(_NOT_COLLECTED.items()):
+        terminalreporter.write_line(
+            f"SKIPPED {module}: {name} is not installed (pip install '{_EXTRAS[name]}')", yellow=True
+        )

@@ -134,6 +134,9 @@ class ModelBlockTable:
         del self.ids[n:]
         self.num_released = min(self.num_released, n)
 
+    def clear(self):
+        self.truncate(0)
+
     def release_front(self, k):
         k = index(k)
         if k < self.num_released:
@@ -254,6 +257,10 @@ class ModelRequest:
     def max_num_generated_tokens(self):
         return self.max_beam_num_tokens - self.prompt_len
 
+    @property
+    def reached_max_new_tokens(self):
+        return self.max_new_tokens is not None and self.max_num_generated_tokens >= self.max_new_tokens
+
     def add_new_token(self, tok, beam=0):
         tok = token(tok)
         beam = check_beam(beam, self.beam_width)
@@ -358,8 +365,10 @@ class ModelRequest:
         self.chunk = self.prompt_len
         self.drafts = []
         self._seq_slot = None
+        held = [list(t.ids[t.num_released :]) for t in self.block_tables]
         for t in self.block_tables:
             t.truncate(0)
+        return held
 
 
 # ------------------------------------------------------------------------- observing
@@ -407,6 +416,7 @@ def observe(request, views=True):
         "last_all": _try(request.get_last_tokens),
         "max_beam_num_tokens": request.max_beam_num_tokens,
         "max_num_generated_tokens": request.max_num_generated_tokens,
+        "reached_max_new_tokens": request.reached_max_new_tokens,
         "cursor": request.context_current_position,
         "chunk": request.context_chunk_size,
         "remaining": request.context_remaining_length,

@@ -237,6 +237,11 @@ def make_machine(backend):
             self.both(lambda r: r.block_tables[group].truncate(n))
 
         @rule(data=st.data())
+        def bt_clear(self, data):
+            group = self.draw_group(data)
+            self.both(lambda r: r.block_tables[group].clear())
+
+        @rule(data=st.data())
         def bt_setitem(self, data):
             group = self.draw_group(data)
             n = len(self.model.block_tables[group])

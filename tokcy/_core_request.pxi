@@ -52,7 +52,10 @@ cdef inline int32_t block_id_arg(object block_id, str name) except? -2:
 
 
 cdef class BlockTable:
-    """Growable int32 list of the KV-cache block ids assigned to one request (one layer group).
+    """BlockTable(block_ids=())
+--
+
+Growable int32 list of the KV-cache block ids assigned to one request (one layer group).
 
     ``release_front(k)`` marks the first ``k`` entries -1, as a sliding window frees them.
     """
@@ -64,6 +67,7 @@ cdef class BlockTable:
         self._buffer = Int32Buffer()
         self._num_released = 0
 
+    @cython.embedsignature(False)  # the class docstring carries the signature for inspect/help
     def __init__(self, block_ids=()):
         self._buffer = Int32Buffer(block_ids_array(block_ids, "block_ids"))
         self._num_released = 0
@@ -137,6 +141,10 @@ cdef class BlockTable:
         if num_blocks < self._num_released:
             self._num_released = num_blocks
 
+    def clear(self):
+        """Drop every entry (``truncate(0)``): the table holds no blocks afterwards."""
+        self.truncate(0)
+
     def release_front(self, Py_ssize_t num_released):
         """Mark the first ``num_released`` entries -1; the count may grow, never shrink."""
         cdef Py_ssize_t dirty_from, table_dirty_from
@@ -170,7 +178,10 @@ cdef class BlockTable:
 
 
 cdef class Request:
-    """One request: per-beam int32 token buffers (prompt, then generated tokens), the
+    """Request(request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1)
+--
+
+One request: per-beam int32 token buffers (prompt, then generated tokens), the
     chunked-prefill cursor, draft tokens and one ``BlockTable`` per layer group."""
 
     cdef int64_t _request_id
@@ -202,6 +213,7 @@ cdef class Request:
         self._draft_tokens = Int32Buffer()
         self._block_tables = ()
 
+    @cython.embedsignature(False)  # the class docstring carries the signature for inspect/help
     def __init__(self, request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1):
         request_id = _tokens.as_index(request_id, "request_id")
         tokens = _invariants.check_prompt(_tokens.as_int32_array(prompt, "prompt"))
@@ -422,6 +434,15 @@ cdef class Request:
         """Tokens in the longest beam minus the prompt."""
         return self.max_num_tokens() - self._prompt_len
 
+    @property
+    def reached_max_new_tokens(self):
+        """True when ``max_new_tokens`` is set and the longest beam has generated that many.
+
+        tokcy never refuses a token because of the budget: the engine checks this (O(beams))
+        after sampling and finishes the request.
+        """
+        return self._max_new_tokens != NO_LIMIT and self.max_num_tokens() - self._prompt_len >= self._max_new_tokens
+
     def add_new_token(self, token, Py_ssize_t beam=0):
         """Append one token to ``beam``; returns the beam's new length. Amortised O(1)."""
         cdef int32_t value = token_arg(token, "token")
@@ -560,6 +581,8 @@ cdef class Request:
         cursor goes back to 0, state to CONTEXT_INIT; drafts, slot and blocks are dropped.
 
         With several beams the generated tokens are dropped instead (beam search restarts).
+        Returns, per layer group, the block ids the tables held (entries a sliding window
+        released, which read -1, left out), so that the engine can free them.
         """
         cdef Int32Buffer buffer
         cdef Py_ssize_t new_prompt_len
@@ -579,7 +602,9 @@ cdef class Request:
         self._chunk_size = self._prompt_len
         self._draft_tokens = Int32Buffer()
         self._seq_slot = NO_SLOT
+        held = [table._buffer.tolist(table._num_released, table._buffer.size) for table in self._block_tables]
         for table in self._block_tables:
             table.truncate(0)
         self._num_pauses += 1
+        return held
 

@@ -1,4 +1,4 @@
-"""What an engine does without tokcy's connector loop: the two patterns of seed 003_4dcae7e0a3c46b11.
+"""What an engine does without tokcy's connector loop: the two patterns of the TensorRT-LLM pull request #22092.
 
 Both keep, per request, the tokens and block ids reported so far in Python lists (as the
 engine's ``KvCacheConnectorSchedulerOutputRequest`` does) and build one ``RequestData``
@@ -72,7 +72,7 @@ class _Manager:
 
 
 class BeforeSchedulerOutputManager(_Manager):
-    """The "before" pattern (engine main before the seed's PR): ``get_tokens(0)`` copies the
+    """The "before" pattern (TensorRT-LLM before #22092): ``get_tokens(0)`` copies the
     whole token list of every scheduled request every iteration, and the new tokens are
     sliced from it; the whole block-id list is copied too. O(sequence length) per request."""
 
@@ -86,9 +86,9 @@ class BeforeSchedulerOutputManager(_Manager):
 
 
 class AfterSchedulerOutputManager(_Manager):
-    """The "after" pattern (the seed's PR): a per-request Python loop that reads the length
+    """The "after" pattern (TensorRT-LLM #22092): a per-request Python loop that reads the length
     with ``get_num_tokens(0)`` and copies only the new tokens with ``get_tokens_range``; the
-    whole block-id list is still copied per request per iteration (the seed's remaining cost)."""
+    whole block-id list is still copied per request per iteration (the cost #22092 left)."""
 
     def _update_and_build_data(self, state, request, in_context):
         new_block_ids = self._new_block_ids(state, request)

@@ -8,9 +8,10 @@ device-token rows and padding the demo engine (``python -m tokcy demo``) compare
 
 ``before`` and ``after`` return the arrays and counts of ``PreparedInputs.asdict()``.
 
-* ``before``: seed 000's "before" code: ``request.get_tokens(0)`` (the whole sequence as
-  a new Python list) per request per iteration, then slicing and ``len()``.
-* ``after``: seed 000's fixed code: a per-request Python loop over ``get_num_tokens``,
+* ``before``: the "before" code of the TensorRT-LLM pull request #16791:
+  ``request.get_tokens(0)`` (the whole sequence as a new Python list) per request per
+  iteration, then slicing and ``len()``.
+* ``after``: #16791's fixed code: a per-request Python loop over ``get_num_tokens``,
   ``get_tokens_range`` and ``get_last_tokens`` (O(1)/O(range)) building lists, then
   ``np.array`` at the end.
 * ``NumpyInputBatch``: vLLM's ``InputBatch`` approach: a persistent
@@ -122,7 +123,7 @@ class _Rows:
 
 
 def before(context_requests, generation_requests):
-    """Seed 000, "before": the whole token list of every request, every iteration."""
+    """TensorRT-LLM before #16791: the whole token list of every request, every iteration."""
     rows = _Rows()
     for request in context_requests:
         all_tokens = request.get_tokens(0)  # O(sequence length)
@@ -140,7 +141,7 @@ def before(context_requests, generation_requests):
 
 
 def after(context_requests, generation_requests, *, device_token_requests=(), cuda_graph_batch_sizes=None):
-    """Seed 000, "after": O(1)/O(range) accessors, still a Python loop per request.
+    """TensorRT-LLM after #16791: O(1)/O(range) accessors, still a Python loop per request.
 
     Also builds, in the same style, the two row kinds the demo engine uses beyond the
     benchmark batch: ``device_token_requests`` rows (overlap) and padding up to

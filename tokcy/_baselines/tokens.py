@@ -1,9 +1,10 @@
 """Token-buffer baselines: reading through ``get_tokens()`` copies, and plain Python lists.
 
-Both seeds start from the same pattern: ``request.get_tokens(0)`` marshals the whole token
-vector into a new Python list, and the caller then reads only its length, a short slice
-or the last entry. These functions reproduce those reads, so the accessor benchmark can
-time them beside tokcy's O(1) / O(range) accessors on the same request.
+The TensorRT-LLM pull requests #16791 and #22092 start from the same pattern:
+``request.get_tokens(0)`` marshals the whole token vector into a new Python list, and the
+caller then reads only its length, a short slice or the last entry. These functions
+reproduce those reads, so the accessor benchmark can time them beside tokcy's O(1) /
+O(range) accessors on the same request.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import numpy as np
 
 
-# Seed 000 ("before", cuda_graph_runner first-draft branch): len(request.get_tokens(0)).
+# #16791 ("before", cuda_graph_runner first-draft branch): len(request.get_tokens(0)).
 def num_tokens_by_copy(request) -> int:
     return len(request.get_tokens(0))
 
 
-# Seed 000 ("before", _prepare_tp_inputs context loop): get_tokens(0)[begin:end].
+# #16791 ("before", _prepare_tp_inputs context loop): get_tokens(0)[begin:end].
 def tokens_range_by_copy(request, begin: int, end: int) -> list:
     return request.get_tokens(0)[begin:end]
 

@@ -2,7 +2,7 @@
 ``tokcy/_core_prepare.pxi`` (same algorithm, same errors from ``tokcy._prepare_checks``).
 
 Pass 1 validates the batch and records one spec per emitted sequence; pass 2 writes the
-rows in DESIGN.md order. Tokens are copied as numpy slices of the buffers' storage, so
+rows in the documented order (docs/executor.md). Tokens are copied as numpy slices of the buffers' storage, so
 the cost is O(batch + emitted tokens), never O(sequence length).
 """
 
@@ -37,7 +37,7 @@ def _check_request(item, group, index, seen, expected_state):
 
 
 class InputWriter:
-    """Fills the input arrays of one iteration (hot loop 1); see DESIGN.md, "Hot loop 1".
+    """Fills the input arrays of one iteration (hot loop 1); see docs/executor.md.
 
     ``bind(...)`` the eleven output arrays once, then per iteration ``prepare(...)``
     (= ``plan`` + ``write``) returns the counts. ``tokcy.executor`` is the public face.

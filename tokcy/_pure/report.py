@@ -2,7 +2,7 @@
 
 ``ReportState`` is the per-request state behind ``tokcy.connector.SchedulerOutputManager``
 and its batch loop; ``tokcy/_core_report.pxi`` is the same algorithm in C (same results,
-same errors). The rules (DESIGN.md, "Hot loop 2"):
+same errors). The rules (docs/connector.md):
 
 * A request's first report, or its first after ``reset_request`` or after ``pause()``
   (its pause count changed), is *new*: all beam-0 tokens and all blocks of every group.

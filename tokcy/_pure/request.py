@@ -5,6 +5,8 @@ Every method validates all of its arguments before it changes anything, so a cal
 raises leaves the object as it was.
 """
 
+import inspect
+
 import numpy as np
 
 from tokcy import _invariants, _pickle, _repr
@@ -27,6 +29,13 @@ def _check_block_id(block_id, name):
     return block_id
 
 
+def _signature_of_init(init):
+    """``__init__``'s signature without ``self``: what help() and inspect show for the class
+    (its ``__new__`` takes ``*args, **kwargs`` only to make the blank object)."""
+    signature = inspect.signature(init)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
 class BlockTable:
     """Growable int32 list of the KV-cache block ids assigned to one request (one layer group).
 
@@ -45,6 +54,8 @@ class BlockTable:
     def __init__(self, block_ids=()):
         self._buffer = Int32Buffer(_block_ids_array(block_ids, "block_ids"))
         self._num_released = 0
+
+    __signature__ = _signature_of_init(__init__)
 
     def _restore(self, block_ids, num_released, dirty_from, table_dirty_from=0):
         ids, released, mark, table_mark = _invariants.checked_block_table(
@@ -96,7 +107,7 @@ class BlockTable:
             return self.tolist() == other
         return NotImplemented
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
 
     def append(self, block_id):
         """Add one block id at the end; returns the new length."""
@@ -115,6 +126,10 @@ class BlockTable:
             raise ValueError(f"num_blocks {num_blocks} is outside [0, {self._buffer.size}]")
         self._buffer.truncate(num_blocks)
         self._num_released = min(self._num_released, num_blocks)
+
+    def clear(self):
+        """Drop every entry (``truncate(0)``): the table holds no blocks afterwards."""
+        self.truncate(0)
 
     def release_front(self, num_released):
         """Mark the first ``num_released`` entries -1; the count may grow, never shrink."""
@@ -205,6 +220,8 @@ class Request:
         self._draft_tokens = np.empty(0, dtype=np.int32)
         self._block_tables = tuple(BlockTable() for _ in range(num_layer_groups))
         self._num_pauses = 0
+
+    __signature__ = _signature_of_init(__init__)
 
     # ----------------------------------------------------------------- pickling, repr
     def _state_dict(self):
@@ -384,6 +401,15 @@ class Request:
         """Tokens in the longest beam minus the prompt."""
         return self.max_beam_num_tokens - self._prompt_len
 
+    @property
+    def reached_max_new_tokens(self):
+        """True when ``max_new_tokens`` is set and the longest beam has generated that many.
+
+        tokcy never refuses a token because of the budget: the engine checks this (O(beams))
+        after sampling and finishes the request.
+        """
+        return self._max_new_tokens is not None and self.max_num_generated_tokens >= self._max_new_tokens
+
     def add_new_token(self, token, beam=0):
         """Append one token to ``beam``; returns the beam's new length. Amortised O(1)."""
         beam = as_index(beam)
@@ -514,6 +540,8 @@ class Request:
         cursor goes back to 0, state to CONTEXT_INIT; drafts, slot and blocks are dropped.
 
         With several beams the generated tokens are dropped instead (beam search restarts).
+        Returns, per layer group, the block ids the tables held (entries a sliding window
+        released, which read -1, left out), so that the engine can free them.
         """
         max_input_len = as_index(max_input_len, "max_input_len")
         if max_input_len < self._prompt_len:
@@ -530,7 +558,9 @@ class Request:
         self._chunk_size = self._prompt_len
         self._draft_tokens = np.empty(0, dtype=np.int32)
         self._seq_slot = None
+        held = [table.tolist()[table.num_released:] for table in self._block_tables]
         for table in self._block_tables:
             table.truncate(0)
         self._num_pauses += 1
+        return held
 

@@ -6,46 +6,50 @@ import gc
 import sys
 import time
 
-import torch
-
 import tokcy
 from tokcy import _backend
-from tokcy.demo.engine import Engine, EngineConfig, same_named
-from tokcy.demo.model import ModelConfig, TinyTransformer
-from tokcy.demo.models import demo_cli
-from tokcy.demo.reference import generate
-from tokcy.demo.workload import make_workload
+
+NO_TORCH = "tokcy demo needs torch, which is not installed: pip install 'tokcy[torch]'  (or: pip install torch)"
 
 
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python -m tokcy demo",
         description="A small continuous-batching engine on tokcy (executor + connector), checked token for "
-        "token against a full-recompute greedy reference.",
+        "token against a full-recompute greedy reference. Needs torch (pip install 'tokcy[torch]').",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--requests", type=int, default=32, help="number of requests (default 32)")
-    parser.add_argument("--prompt-len", type=int, nargs=2, default=(16, 512), metavar=("MIN", "MAX"))
-    parser.add_argument("--new-tokens", type=int, nargs=2, default=(32, 64), metavar=("MIN", "MAX"))
-    parser.add_argument("--seed", type=int, default=0, help="workload seed")
+    parser.add_argument("--requests", type=int, default=32, help="number of requests")
+    parser.add_argument("--prompt-len", type=int, nargs=2, default=(16, 512), metavar=("MIN", "MAX"),
+                        help="prompt lengths, drawn uniformly in [MIN, MAX]")
+    parser.add_argument("--new-tokens", type=int, nargs=2, default=(32, 64), metavar=("MIN", "MAX"),
+                        help="tokens to generate per request (max_new_tokens), drawn uniformly in [MIN, MAX]")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the workload")
     parser.add_argument("--num-blocks", type=int, default=160, help="KV blocks in the pool (small: preemption)")
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--max-num-tokens", type=int, default=512, help="token budget per iteration")
     parser.add_argument("--max-batch-size", type=int, default=16, help="sequences per iteration")
     parser.add_argument("--max-chunk", type=int, default=200, help="prefill chunk cap (need not divide prompts)")
     parser.add_argument("--speculation", action=argparse.BooleanOptionalAction, default=True,
-                        help="prompt-lookup speculative decoding (default on)")
-    parser.add_argument("--max-draft-len", type=int, default=4)
+                        help="prompt-lookup speculative decoding")
+    parser.add_argument("--max-draft-len", type=int, default=4, help="draft tokens proposed per step at most")
     parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                        help="keep sampled tokens on the device; next step uses the device-token path (default on)")
+                        help="keep sampled tokens on the device; next step uses the device-token path")
     parser.add_argument("--padding", action=argparse.BooleanOptionalAction, default=False,
                         help="CUDA-graph-style padding of decode batches to --graph-sizes")
-    parser.add_argument("--graph-sizes", type=int, nargs="+", default=(1, 2, 4, 8, 16))
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda when available")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--graph-sizes", type=int, nargs="+", default=(1, 2, 4, 8, 16),
+                        help="padded batch sizes of decode-only iterations (with --padding)")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, or cuda when available")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
                         help="compare every request with the reference (default: on for the built-in model, off "
                         "for --model, whose reference is transformers); --no-check also skips the mirror check")
-    demo_cli.add_arguments(parser)
+    group = parser.add_argument_group("a real checkpoint (Llama, Mistral, Qwen2)")
+    group.add_argument("--model", metavar="DIR", help="local checkpoint directory (config.json, *.safetensors)")
+    group.add_argument("--dtype", default=None, help="weights and KV dtype for --model: float32 (default), "
+                       "float64, float16, bfloat16")
+    group.add_argument("--prompt", action="append", metavar="TEXT",
+                       help="a text prompt (repeatable); needs tokenizer.json in DIR and the tokenizers package")
     return parser
 
 
@@ -55,6 +59,17 @@ def _first_difference(got, expected):
 
 def main(argv=None):
     args = _parser().parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print(NO_TORCH, file=sys.stderr)
+        return 2
+    from tokcy.demo.engine import Engine, EngineConfig, same_named
+    from tokcy.demo.model import ModelConfig, TinyTransformer
+    from tokcy.demo.models import demo_cli
+    from tokcy.demo.reference import generate
+    from tokcy.demo.workload import make_workload
+
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("--device cuda: CUDA is not available here", file=sys.stderr)
         return 2
@@ -113,6 +128,8 @@ def main(argv=None):
                                    ("padding", args.padding)) if on]
     print(f"tokcy {tokcy.__version__} demo: backend {_backend.BACKEND}, device {args.device}, "
           f"torch {torch.__version__} ({torch.get_num_threads()} thread(s)), modes: {', '.join(modes) or 'plain'}")
+    if _backend.WHY_PURE:  # as the bench header says it
+        print(f"   (the compiled core is not in use: {_backend.WHY_PURE})")
     print(f"model: {description}; KV pool {args.num_blocks} blocks x {args.block_size} tokens")
     print(f"requests: {len(workload)} (prompts {min(map(len, workload.prompts))}-{max(map(len, workload.prompts))} "
           f"tokens, {workload.num_prompt_tokens} in all; {sum(workload.max_new_tokens)} tokens to generate)")

@@ -16,15 +16,6 @@ from tokcy.demo.workload import Workload, make_workload
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def add_arguments(parser):
-    group = parser.add_argument_group("a real checkpoint (Llama, Mistral, Qwen2)")
-    group.add_argument("--model", metavar="DIR", help="local checkpoint directory (config.json, *.safetensors)")
-    group.add_argument("--dtype", default=None, help="weights and KV dtype for --model: float32 (default), "
-                       "float64, float16, bfloat16")
-    group.add_argument("--prompt", action="append", metavar="TEXT",
-                       help="a text prompt (repeatable); needs tokenizer.json in DIR and the tokenizers package")
-
-
 def load(args):
     """(model, one-line description) for ``args.model``; raises SystemExit with a message on failure."""
     import torch
