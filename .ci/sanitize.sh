@@ -14,6 +14,10 @@ cd "$(dirname "$0")/.."
 if [ "${TOKCY_SANITIZE_NO_BUILD:-0}" = 0 ]; then
     TOKCY_SANITIZE=1 "$PYTHON" setup.py -q build_ext --inplace --force
 fi
+# the core in place must really be instrumented, or a clean run proves nothing
+CORE=$(ls tokcy/_core*.so)
+nm -D "$CORE" | grep -q "__asan_report" || { echo "sanitize: $CORE is not built with AddressSanitizer"; exit 1; }
+nm -D "$CORE" | grep -q "__ubsan_handle" || { echo "sanitize: $CORE is not built with UBSan"; exit 1; }
 LIBASAN=$(gcc -print-file-name=libasan.so)
 [ -e "$LIBASAN" ] || { echo "sanitize: gcc has no libasan.so ($LIBASAN)"; exit 1; }
 # libstdc++ too: ASan intercepts C++ throws only if the C++ runtime is there when it starts
