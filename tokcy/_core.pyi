@@ -165,15 +165,21 @@ class InputWriter:
 
 # Attention metadata, written by InputWriter in the same pass when a call gives block
 # sizes (tokcy.executor is the public face; docs/attention.md the semantics).
+@final
 class DeviceTableRows:
     """What each row of a device block table holds (shared by one preparer's staging buffers)."""
 
-    max_slots: int
-    num_groups: int
-    width: int
-    def __init__(self, max_slots: int, num_groups: int, width: int) -> None: ...
+    @property
+    def max_slots(self) -> int: ...
+    @property
+    def num_groups(self) -> int: ...
+    @property
+    def width(self) -> int: ...
+    # the compiled core takes its arguments in __cinit__ (so __new__); the twin in __init__
+    def __new__(cls, max_slots: SupportsIndex, num_groups: SupportsIndex, width: SupportsIndex) -> DeviceTableRows: ...
     def forget(self) -> None: ...
 
+@final
 class AttentionMetadata:
     """The metadata outputs of an InputWriter and the per-step state of a device table."""
 

@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 import tokcy
 from tokcy.connector import RequestData, SchedulerOutput, SchedulerOutputManager
-from tokcy.executor import HostBuffers, PreparedInputs, prepare_inputs
+from tokcy.executor import DeviceInputs, HostBuffers, InputPreparer, PreparedInputs, prepare_inputs
 
 if TYPE_CHECKING:
     from typing_extensions import assert_type
@@ -57,10 +57,40 @@ def main() -> list[int]:
         token = int(inputs.input_ids[-1]) + 1  # a toy "model"
         assert_type(request.add_new_token(token), int)
         generated.append(token)
+    attention_metadata()
     freed = request.pause(request.get_num_tokens(0))
     assert_type(freed, list[list[int]])
     manager.request_finished(request.request_id)
     return generated
+
+
+def attention_metadata() -> None:
+    """The attention metadata of one context chunk, on the host and through a preparer."""
+    request = tokcy.Request(2, [1, 2, 3, 4, 5])
+    request.block_tables[0].extend([7, 9])
+    request.seq_slot = 0
+    inputs = prepare_inputs([request], [], block_size=4)
+    assert_type(inputs.slot_mapping, npt.NDArray[np.int64] | None)
+    assert_type(inputs.max_kv_len, int | None)
+    assert inputs.groups is not None
+    group = inputs.groups[0]
+    assert_type(group.block_table, npt.NDArray[np.int32] | None)
+    assert_type(group.kv_indptr, npt.NDArray[np.int32])
+    assert_type(group.block_size, int)
+    assert group.block_table is not None and group.block_table.tolist() == [[7, 9]]
+    try:
+        import torch
+    except ImportError:  # the preparer needs torch (pip install 'tokcy[torch]')
+        return
+    preparer = InputPreparer(64, 8, block_size=4, max_blocks_per_seq=4)
+    assert_type(preparer.last_copy_bytes, int)
+    assert_type(preparer.block_table, torch.Tensor | None)
+    device_inputs = preparer.prepare([request], [])
+    assert_type(device_inputs, DeviceInputs)
+    assert device_inputs.groups is not None
+    assert_type(device_inputs.groups[0].block_table, torch.Tensor)
+    assert_type(device_inputs.slot_mapping, torch.Tensor | None)
+    assert preparer.last_copy_bytes > 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ speed-up of any engine step (both absolute times are printed beside it).
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import numpy as np
 
@@ -55,6 +56,8 @@ def make_request(backend, n: int, rng_seed: int = 0):
 def steps(backend, operation: str, n: int):
     """(tokcy step, baseline step, before-hook or None): checked equal before any timing."""
     request, tokens = make_request(backend, n)
+    mine: Callable[[], object]
+    theirs: Callable[[], object]
     if operation == "get_num_tokens":
         mine, theirs = functools.partial(request.get_num_tokens, 0), functools.partial(baselines.num_tokens_by_copy, request)
         before = None

@@ -43,14 +43,21 @@ def available() -> list[str]:
     return names
 
 
+_SWAPPED = ("Request", "BlockTable", "BACKEND")  # the names of tokcy that follow the live backend
+
+
 @contextlib.contextmanager
 def use(name: str):
     """Make backend ``name`` the live one inside the block; yields its module."""
     module = load(name)
-    saved = (_backend.module, _backend.BACKEND, tokcy.Request, tokcy.BlockTable, tokcy.BACKEND)
+    saved = (_backend.module, _backend.BACKEND, {attribute: getattr(tokcy, attribute) for attribute in _SWAPPED})
     _backend.module, _backend.BACKEND = module, name
-    tokcy.Request, tokcy.BlockTable, tokcy.BACKEND = module.Request, module.BlockTable, name
+    # setattr: tokcy.Request / BlockTable are classes to a type checker, rebound here on purpose
+    for attribute, value in zip(_SWAPPED, (module.Request, module.BlockTable, name)):
+        setattr(tokcy, attribute, value)
     try:
         yield module
     finally:
-        _backend.module, _backend.BACKEND, tokcy.Request, tokcy.BlockTable, tokcy.BACKEND = saved
+        _backend.module, _backend.BACKEND, names = saved
+        for attribute, value in names.items():
+            setattr(tokcy, attribute, value)

@@ -25,7 +25,7 @@ import numpy as np
 
 from tokcy.bench import floor, goals
 from tokcy.bench.scenario import Row, Scenario
-from tokcy.bench.timing import measure
+from tokcy.bench.timing import Timing, measure
 
 BLOCK = 32
 
@@ -124,7 +124,7 @@ def run_row(config, backend, plan, names) -> Row:
     for name, world in worlds.items():
         if world.reports != expected:
             raise AssertionError(f"connector baseline {name!r} reports differ from tokcy's")
-    timings = {}
+    timings: dict[str, Timing | None] = {}
     for name, world in worlds.items():
         step = world.report
         if name == "tokcy+RequestData":

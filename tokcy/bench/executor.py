@@ -21,7 +21,7 @@ import numpy as np
 
 from tokcy.bench import floor, goals
 from tokcy.bench.scenario import Row, Scenario
-from tokcy.bench.timing import measure
+from tokcy.bench.timing import Timing, measure
 
 CONFIGS = {
     "smoke": ((256, 0, 64, 7), (256, 3, 64, 7)),
@@ -69,7 +69,7 @@ def implementations(backend, seq_len, num_drafts, chunk, num_generation, names=(
 def run_row(config, backend, plan, names, num_generation, seq_len, num_drafts, chunk) -> Row:
     """Time tokcy, the ``names`` baselines and the floor on one batch."""
     steps = implementations(backend, seq_len, num_drafts, chunk, num_generation, names)
-    timings = {name: measure(step, plan) for name, step in steps.items()}
+    timings: dict[str, Timing | None] = {name: measure(step, plan) for name, step in steps.items()}
     timings["floor"] = floor.prepare(plan, num_generation, seq_len, num_drafts, chunk)
     return Row(
         config=dict(config),

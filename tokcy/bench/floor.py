@@ -17,13 +17,18 @@ import statistics
 
 from tokcy.bench.timing import Timing
 
-try:
-    from tokcy.bench import _floor
-except ImportError as error:  # built without it (no compiler, TOKCY_NO_EXTENSIONS)
-    _floor = None
-    WHY_MISSING = str(error)
-else:
-    WHY_MISSING = ""
+
+def _load_floor():
+    """The compiled helper and "" or, when it was not built (no compiler,
+    TOKCY_NO_EXTENSIONS), None and why."""
+    try:
+        from tokcy.bench import _floor as module
+    except ImportError as error:
+        return None, str(error)
+    return module, ""
+
+
+_floor, WHY_MISSING = _load_floor()
 
 
 def available() -> bool:

@@ -94,7 +94,7 @@ def table(scenario, backend: str, rows: list) -> str:
     headings += [scenario.ratio_label if "/" in scenario.ratio_label else f"{scenario.ratio_label} vs {name}"
                  for name in baselines]
     headings += ["tokcy/floor"] if has_floor else []
-    body = []
+    body: list[list[str]] = []
     for row in rows:
         cells = [format_config(row.config.get(key)) for key, _ in scenario.columns]
         cells += [
@@ -115,12 +115,12 @@ def table(scenario, backend: str, rows: list) -> str:
     if quoted:
         labels = list(dict.fromkeys(label for row in quoted for label in row.reference))
         out.append(f"-- quoted, NOT measured here: {scenario.quoted_title}")
-        cells = [
+        quoted_cells = [
             [format_config(row.config.get(key)) for key, _ in scenario.columns]
             + [format_value(row.reference.get(label), scenario.unit) for label in labels]
             for row in quoted
         ]
-        lines = _aligned([heading for _, heading in scenario.columns] + labels, cells, len(scenario.columns))
+        lines = _aligned([heading for _, heading in scenario.columns] + labels, quoted_cells, len(scenario.columns))
         out += [f"   {line}" for line in lines]
     goals = scenario.goals(rows, backend)
     out += [f"   goal {goal.verdict}: {goal.text} (measured: {goal.measured})" for goal in goals]

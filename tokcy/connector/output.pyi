@@ -47,9 +47,9 @@ class SchedulerOutput:
     @property
     def num_new_blocks(self) -> int: ...
 
-class RequestData:
+# a tuple underneath (the cheapest per-row object), built by SchedulerOutput, read by field
+class RequestData(tuple[Any, ...]):
     __hash__: ClassVar[None]  # type: ignore[assignment]
-    def __init__(self, output: SchedulerOutput, row: int) -> None: ...
     @property
     def request_id(self) -> int: ...
     @property

@@ -4,7 +4,8 @@
 paged KV cache), ``kv_cache`` (block pool and storage), ``scheduler`` (token budget,
 chunked prefill, preemption), ``speculation`` (prompt-lookup drafts), ``connector`` (the
 offload-store mirror), ``reference`` (full-recompute greedy generation), ``workload``
-(prompts), ``engine`` (which compares its inputs with the seed's "after" input preparation,
+(prompts), ``engine`` (which compares its inputs with TensorRT-LLM's input
+preparation as fixed by the pull request #16791, transcribed,
 ``tokcy._baselines.executor.after``), ``cli``; ``models`` (real architectures:
 ``tokcy.demo.load_model`` runs Llama, Mistral and Qwen2 checkpoints in the same engine,
 checked against ``transformers``' own ``generate``).

@@ -4,8 +4,8 @@ It applies every ``SchedulerOutput`` in order and keeps, per request, a mirror o
 tokens and block ids (per layer group) that the reports describe. A new request's mirror
 is its report; a cached request's report drops ``num_replaced_*`` entries from the end,
 appends the new ones, and marks the first ``num_released_*`` blocks -1. ``check`` compares
-a mirror with the request's real state: the invariant DESIGN.md promises (nothing lost,
-nothing duplicated, rewinds included).
+a mirror with the request's real state: the connector's invariant (nothing lost, nothing
+duplicated, rewinds included; docs/connector.md).
 """
 
 

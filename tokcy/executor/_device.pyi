@@ -1,10 +1,14 @@
 # Types of tokcy/executor/_device.py (the module itself is left unannotated); keep in sync.
-from typing import Iterable, SupportsIndex
+from typing import Iterable, SupportsIndex, TypeAlias
 
 import torch
 
 from tokcy._core import Request
+from tokcy.executor._device_table import DeviceBlockTable
 from tokcy.executor._host import PreparedInputs
+from tokcy.executor._metadata import LayerGroupInputs
+
+_DeviceGroup: TypeAlias = LayerGroupInputs[torch.Tensor, torch.Tensor, torch.Tensor]
 
 class DeviceInputs:
     host: PreparedInputs
@@ -26,6 +30,17 @@ class DeviceInputs:
     num_sequences: int
     padded_batch_size: int
     device_token_row_start: int
+    # attention metadata (device views): None when the preparer has no block size
+    kv_lens: torch.Tensor | None
+    cu_kv_seqlens: torch.Tensor | None
+    max_query_len: int | None
+    max_kv_len: int | None
+    slot_mapping: torch.Tensor | None  # group 0's, like the four below
+    block_table: torch.Tensor | None
+    kv_indptr: torch.Tensor | None
+    kv_indices: torch.Tensor | None
+    kv_last_page_len: torch.Tensor | None
+    groups: tuple[_DeviceGroup, ...] | None
     def __init__(self, preparer: InputPreparer, host: PreparedInputs) -> None: ...
     def __getattr__(self, name: str) -> torch.Tensor | int: ...
 
@@ -37,6 +52,11 @@ class InputPreparer:
     device: torch.device
     is_cuda: bool
     tensors: dict[str, torch.Tensor]
+    block_sizes: tuple[int, ...] | None
+    max_blocks_per_seq: int  # set only with a block size
+    max_slots: int  # set only with a block size
+    device_table: DeviceBlockTable | None
+    last_copy_bytes: int  # bytes the last prepare copied host-to-device
     def __init__(
         self,
         max_num_tokens: SupportsIndex,
@@ -46,7 +66,13 @@ class InputPreparer:
         max_beam_width: SupportsIndex = 1,
         device: str | torch.device = "cpu",
         num_staging_buffers: SupportsIndex = 2,
+        block_size: SupportsIndex | None = None,
+        block_sizes: Iterable[SupportsIndex] | None = None,
+        max_blocks_per_seq: SupportsIndex | None = None,
+        max_slots: SupportsIndex | None = None,
     ) -> None: ...
+    @property
+    def block_table(self) -> torch.Tensor | None: ...
     @property
     def num_staging_buffers(self) -> int: ...
     def prepare(

@@ -89,8 +89,22 @@ def _expected_shapes(config):
 
 
 class _Layer:
+    """One decoder layer's weights (biases None where the architecture has none) and its
+    sliding window (None: full attention)."""
+
     __slots__ = ("input_norm", "post_norm", "qkv_weight", "qkv_bias", "o_weight", "o_bias", "gate_up_weight",
                  "gate_up_bias", "down_weight", "down_bias", "window")
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_weight: torch.Tensor
+    o_bias: torch.Tensor | None
+    gate_up_weight: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down_weight: torch.Tensor
+    down_bias: torch.Tensor | None
+    window: int | None
 
 
 class LlamaFamilyModel:

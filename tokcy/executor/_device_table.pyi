@@ -1,0 +1,51 @@
+# Types of tokcy/executor/_device_table.py (the module itself is left unannotated); keep in sync.
+from typing import Any, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from tokcy._core import AttentionMetadata, DeviceTableRows
+from tokcy.executor._metadata import MetadataBuffers
+
+class DeviceBlockTable:
+    num_groups: int
+    max_slots: int
+    width: int
+    table: torch.Tensor  # (groups, max_slots, max_blocks_per_seq) int32, indexed by seq_slot
+    block_table: torch.Tensor  # (groups, max_batch_size, max_blocks_per_seq): the batch's dense tables
+    kv_indices: torch.Tensor  # (groups, max_batch_size * max_blocks_per_seq): the batch's CSR indices
+    def __init__(
+        self,
+        torch: Any,
+        device: torch.device,
+        num_groups: int,
+        max_slots: int,
+        max_blocks_per_seq: int,
+        max_batch_size: int,
+    ) -> None: ...
+    def rows(self, module: Any = None) -> DeviceTableRows: ...
+    def host_metadata(
+        self, arrays: dict[str, Any], table_slots: npt.NDArray[np.int32], delta_area: npt.NDArray[np.int32]
+    ) -> MetadataBuffers: ...
+    def apply(
+        self,
+        packed: torch.Tensor,
+        delta_offset: int,
+        num_changed: int,
+        kv_lens: torch.Tensor,
+        table_slots: torch.Tensor,
+        kv_indptr: Sequence[torch.Tensor],
+        block_sizes: Sequence[int],
+        num_indices: Sequence[int],
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+class _StagedMetadata(MetadataBuffers):
+    def __init__(
+        self,
+        device_table: DeviceBlockTable,
+        arrays: dict[str, Any],
+        table_slots: npt.NDArray[np.int32],
+        delta_area: npt.NDArray[np.int32],
+    ) -> None: ...
+    def bound(self, module: Any = None) -> AttentionMetadata: ...
