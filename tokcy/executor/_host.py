@@ -103,7 +103,7 @@ class PreparedInputs:
     # Every attribute is made on first read (then kept in its slot): a step that reads a
     # few arrays pays for those few views, not for all of them.
     def __init__(self, arrays, counts):
-        self._arrays = arrays
+        self._arrays = arrays if type(arrays) in (list, tuple) else tuple(arrays)
         self._counts = counts
         self._metadata = None
 
