@@ -1,4 +1,4 @@
-# Hot loop 1: input preparation (see DESIGN.md, "Hot loop 1"); the readable twin is
+# Hot loop 1: input preparation, one validating pass then one GIL-free write; the readable twin is
 # tokcy/_pure/prepare.py, with the same algorithm and the same errors (tokcy/_prepare_checks).
 #
 # InputWriter.prepare() runs in two passes:
@@ -123,9 +123,11 @@ cdef inline void emit(const SeqSpec* specs, Py_ssize_t index, Outputs* out, Py_s
 cdef void fill_rows(const SeqSpec* specs, Py_ssize_t num_context, Py_ssize_t generation_end,
                     Py_ssize_t first_draft_end, Py_ssize_t device_end, Py_ssize_t num_padding,
                     Outputs* out, AttentionMetadata meta) noexcept nogil:
-    """Pass 2: the rows in DESIGN.md order. specs holds, in call order, the context
-    sequences [0, num_context), the generation sequences (draft and plain mixed) up to
-    generation_end, the first-draft ones up to first_draft_end, the device ones after.
+    """Pass 2: the rows in output order (context chunks, generation rows with drafts,
+    first drafts, plain generation rows, device-token rows, padding). specs holds, in
+    call order, the context sequences [0, num_context), the generation sequences (draft
+    and plain mixed) up to generation_end, the first-draft ones up to first_draft_end,
+    the device ones after.
     ``meta``: None, or the attention metadata to write in the same sweep."""
     cdef Py_ssize_t counters[6]
     cdef Py_ssize_t index, row, seq
@@ -205,7 +207,8 @@ cdef inline int check_copy(Request request, Int32Buffer source, Py_ssize_t begin
 
 @cython.final
 cdef class InputWriter:
-    """Fills the input arrays of one iteration (hot loop 1); see DESIGN.md, "Hot loop 1".
+    """Fills the input arrays of one iteration: a validating pass, then the rows written
+    over raw pointers without the GIL.
 
     ``bind(...)`` the eleven output arrays once, then per iteration ``prepare(...)``
     (= ``plan`` + ``write``) returns the counts. ``tokcy.executor`` is the public face.

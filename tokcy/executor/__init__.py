@@ -1,4 +1,4 @@
-"""Input preparation, the engine's first hot loop (DESIGN.md, "Hot loop 1").
+"""Input preparation: the per-iteration pass from the requests to the model's flat inputs.
 
 ``prepare_inputs`` fills the model's flat host arrays for one iteration (numpy), and
 ``InputPreparer`` feeds them to persistent device tensors through pinned staging memory.

@@ -15,13 +15,14 @@ runs with CPU tensors, no pinning and no events. torch is imported when an
 
 import numpy as np
 
+from tokcy import _backend
 from tokcy.executor._host import (
     ARRAY_FIELDS,
     COUNT_FIELDS,
     HostBuffers,
     _count,
     capacity_lengths,
-    prepare_inputs,
+    prepare_into,
 )
 from tokcy.executor._metadata import METADATA_FIELDS, LayerGroupInputs, block_sizes_arg, set_fields
 
@@ -83,11 +84,12 @@ class DeviceInputs:
     slicing a tensor costs a microsecond or two, and decode batches repeat their sizes.
     """
 
-    __slots__ = ARRAY_FIELDS + METADATA_FIELDS + ("host", "_preparer")
+    __slots__ = ARRAY_FIELDS + METADATA_FIELDS + ("host", "_preparer", "_metadata")
 
-    def __init__(self, preparer, host):
+    def __init__(self, preparer, host, metadata=None):
         self._preparer = preparer
         self.host = host
+        self._metadata = metadata  # what the metadata views are made from, on first read
 
     def __getattr__(self, name):  # only called for a field not read yet
         if name in ARRAY_FIELDS:
@@ -96,8 +98,13 @@ class DeviceInputs:
             return view
         if name in COUNT_FIELDS:
             return getattr(self.host, name)
-        if name in METADATA_FIELDS:  # a call without a block size
-            return None
+        if name in METADATA_FIELDS:
+            metadata = self._metadata
+            if metadata is None:  # a call without a block size
+                return None
+            self._metadata = None
+            self._preparer._set_device_metadata(self, *metadata)
+            return getattr(self, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self):
@@ -161,6 +168,8 @@ class InputPreparer:
         self._device_packed = torch.zeros(max(total, 1), dtype=torch.int32, device=self.device)
         self.tensors = {name: self._field(self._device_packed, name) for name in ARRAY_FIELDS}
         self._views = {name: {} for name in ARRAY_FIELDS}
+        self._indptrs = {}  # padded batch size -> the groups' kv_indptr views
+        self._copy_pairs = {}  # used int32 words -> (device prefix, staging prefixes per ring slot)
         self._staging = []
         self._host = []
         for _ in range(num_staging_buffers):
@@ -253,12 +262,11 @@ class InputPreparer:
         slot = self._next
         if self._events is not None and self._recorded[slot] and self._fence:
             self._events[slot].synchronize()  # its previous copy is done: safe to refill
-        host = prepare_inputs(context_requests, generation_requests, first_draft_requests=first_draft_requests,
-                              device_token_requests=device_token_requests, max_draft_len=self.max_draft_len,
-                              cuda_graph_batch_sizes=cuda_graph_batch_sizes, out=self._host[slot],
-                              block_sizes=self.block_sizes)
+        host = prepare_into(self._host[slot], _backend.module, context_requests, generation_requests,
+                            first_draft_requests, device_token_requests, self.max_draft_len, cuda_graph_batch_sizes,
+                            self.block_sizes)
         try:
-            count = len(host.device_token_slots)
+            count = host._counts[10]  # device-token rows
             if count and int(host.device_token_slots.max()) >= previous.shape[0]:
                 # checked before the copy: a failed call leaves the device tensors as they were
                 bad = int(host.device_token_slots.max())
@@ -269,7 +277,8 @@ class InputPreparer:
             if self.block_sizes is not None:
                 num_changed = self._host[slot].metadata.bound().num_changed_entries
                 used += 2 * num_changed
-            self._device_packed[:used].copy_(self._staging[slot][:used], non_blocking=self.is_cuda)
+            target, sources = self._copy_prefixes(used)
+            target.copy_(sources[slot], non_blocking=self.is_cuda)
             self.last_copy_bytes = used * 4
             if self._events is not None:
                 # the copy runs on the inputs' device's current stream: fence that stream
@@ -279,33 +288,56 @@ class InputPreparer:
                 start = host.device_token_row_start
                 tokens = previous.index_select(0, self._view("device_token_slots", count))
                 self.tensors["input_ids"][start : start + count].copy_(tokens)
-            inputs = DeviceInputs(self, host)
+            metadata = None
             if self.block_sizes is not None:
-                self._device_metadata(inputs, host, num_changed)
+                metadata = self._device_metadata(host, num_changed)
+            inputs = DeviceInputs(self, host, metadata)
         except BaseException:
             if self.device_table is not None:  # the host consumed the tables' changes: resend them whole
                 self.device_table.rows().forget()
             raise
         return inputs
 
-    def _device_metadata(self, inputs, host, num_changed):
-        """Scatter the changed entries into the device table, gather the batch's tables,
-        and set the metadata attributes of ``inputs`` (device views)."""
+    def _device_metadata(self, host, num_changed):
+        """Scatter the changed entries into the device table and gather the batch's tables
+        (device work, issued now); returns what ``_set_device_metadata`` makes the views from."""
         padded, num_tokens = host.padded_batch_size, host.num_tokens
+        _, results, _, _, _ = host._metadata
+        max_query_len, max_kv_len, _, num_indices = results
         kv_lens = self._packed_view("kv_lens", padded)
-        table_slots = self._packed_view("table_slots", padded)
-        indptrs = [self._packed_view(f"kv_indptr/{group}", padded + 1) for group in range(len(self.block_sizes))]
-        num_indices = [int(group.kv_indptr[padded]) for group in host.groups]
+        indptrs = self._indptr_views(padded)
         tables = self.device_table.apply(self._device_packed, self._input_ids_end + num_tokens, num_changed, kv_lens,
-                                         table_slots, indptrs, self.block_sizes, num_indices)
+                                         self._packed_view("table_slots", padded), indptrs, self.block_sizes,
+                                         num_indices)
+        return tables, padded, num_tokens, max_query_len, max_kv_len
+
+    def _indptr_views(self, padded):
+        views = self._indptrs.get(padded)
+        if views is None:
+            views = self._indptrs[padded] = [self._packed_view(f"kv_indptr/{group}", padded + 1)
+                                             for group in range(len(self.block_sizes))]
+        return views
+
+    def _set_device_metadata(self, inputs, tables, padded, num_tokens, max_query_len, max_kv_len):
+        """The metadata attributes of ``inputs`` (device views), made when first read."""
+        indptrs = self._indptr_views(padded)
         groups = []
         for group, (block_size, (dense, indices)) in enumerate(zip(self.block_sizes, tables)):
             groups.append(LayerGroupInputs(
                 block_size=block_size, slot_mapping=self._packed_view(f"slot_mapping/{group}", num_tokens),
                 block_table=dense, kv_indptr=indptrs[group], kv_indices=indices,
                 kv_last_page_len=self._packed_view(f"kv_last_page_len/{group}", padded)))
-        set_fields(inputs, kv_lens, self._packed_view("cu_kv_seqlens", padded + 1), host.max_query_len,
-                   host.max_kv_len, groups)
+        set_fields(inputs, self._packed_view("kv_lens", padded), self._packed_view("cu_kv_seqlens", padded + 1),
+                   max_query_len, max_kv_len, groups)
+
+    def _copy_prefixes(self, used):
+        """(device packed[:used], [staging[:used] per ring slot]), made once per length."""
+        pair = self._copy_pairs.get(used)
+        if pair is None:
+            if len(self._copy_pairs) >= _MAX_CACHED_VIEWS:
+                self._copy_pairs.clear()
+            pair = self._copy_pairs[used] = (self._device_packed[:used], [staging[:used] for staging in self._staging])
+        return pair
 
     def _packed_view(self, name, length):
         """A metadata field of the device packed buffer, ``[:length]``, cached by length."""

@@ -28,7 +28,9 @@ class DeviceBlockTable:
                                        device=device)
         self.kv_indices = torch.zeros((num_groups, max_batch_size * max_blocks_per_seq), dtype=torch.int32,
                                       device=device)
-        self._columns = torch.arange(max_blocks_per_seq, dtype=torch.int32, device=device)
+        self._columns = torch.arange(max_blocks_per_seq, dtype=torch.int32, device=device)[None, :]
+        self._views = {}  # padded batch size -> per group views (see _batch_views)
+        self._indices = {}  # (group, CSR length) -> (kv_indices view, arange view)
         self._offsets = torch.arange(max_batch_size * max_blocks_per_seq, dtype=torch.int64, device=device)
         self._rows = {}  # backend module -> its DeviceTableRows (what each row holds)
 
@@ -50,30 +52,58 @@ class DeviceBlockTable:
         """On the device, after the staging copy: scatter the changed entries (read from
         ``packed`` at ``delta_offset``), then per group gather the batch's dense table
         (masked past each sequence's blocks) and its CSR indices. Returns, per group,
-        (block_table view, kv_indices view)."""
+        (block_table view, kv_indices view).
+
+        Every view of a persistent tensor it needs is made once per size and kept
+        (``_batch_views``): per group a step costs a dozen torch calls, each a device op."""
         torch = self._torch
         if num_changed:
             indices = packed[delta_offset : delta_offset + num_changed].long()
             self._flat[indices] = packed[delta_offset + num_changed : delta_offset + 2 * num_changed]
         padded = kv_lens.shape[0]
-        slots = table_slots.long()
+        views = self._batch_views(padded)
         outputs = []
+        blocks_by_size = {}
         for group, block_size in enumerate(block_sizes):
-            num_blocks = (kv_lens + (block_size - 1)) // block_size  # blocks holding the KV
-            dense = self.block_table[group, :padded]
-            torch.index_select(self.table[group], 0, slots, out=dense)
-            dense.masked_fill_(self._columns[None, :] >= num_blocks[:, None], 0)
+            num_blocks = blocks_by_size.get(block_size)
+            if num_blocks is None:  # blocks holding the KV (1-D, and as a column)
+                num_blocks = ((kv_lens + (block_size - 1)) // block_size)
+                num_blocks = blocks_by_size[block_size] = (num_blocks, num_blocks[:, None])
+            dense, dense_flat, source, row_starts = views[group]
+            torch.index_select(source, 0, table_slots, out=dense)
+            dense.masked_fill_(self._columns >= num_blocks[1], 0)
             total = num_indices[group]
-            indices = self.kv_indices[group, :total]
+            indices, offsets = self._indices_views(group, total)
             if total:
                 indptr = kv_indptr[group]
-                live = (indptr[1:] - indptr[:-1]).long()
-                # output o of sequence i reads dense[i, num_blocks_i - live_i + (o - indptr_i)]
-                base = self._offsets[:padded] * self.width + (num_blocks - live - indptr[:-1])
-                flat = torch.repeat_interleave(base, live, output_size=total) + self._offsets[:total]
-                torch.index_select(dense.view(-1), 0, flat, out=indices)
+                # output o of sequence i (live blocks: the last live_i of its num_blocks_i) reads
+                # dense[i, num_blocks_i - live_i + (o - indptr_i)], and live_i + indptr_i = indptr_(i+1)
+                base = row_starts + (num_blocks[0] - indptr[1:])
+                flat = torch.repeat_interleave(base, indptr.diff(), output_size=total) + offsets
+                torch.index_select(dense_flat, 0, flat, out=indices)
             outputs.append((dense, indices))
         return outputs
+
+    def _batch_views(self, padded):
+        """Per group (dense[:padded], its flat view, table[group], each row's flat start)."""
+        views = self._views.get(padded)
+        if views is None:
+            row_starts = self._offsets[:padded] * self.width
+            views = self._views[padded] = []
+            for group in range(self.num_groups):
+                dense = self.block_table[group, :padded]
+                views.append((dense, dense.view(-1), self.table[group], row_starts))
+        return views
+
+    def _indices_views(self, group, total):
+        """(kv_indices[group, :total], arange(total)), kept per length."""
+        key = (group, total)
+        pair = self._indices.get(key)
+        if pair is None:
+            if len(self._indices) >= 4096:
+                self._indices.clear()
+            pair = self._indices[key] = (self.kv_indices[group, :total], self._offsets[:total])
+        return pair
 
 
 class _StagedMetadata(MetadataBuffers):

@@ -66,11 +66,18 @@ def capacity_lengths(max_num_tokens, max_batch_size, max_draft_len):
     }
 
 
-def _used_lengths(counts):
-    """Used length of each array (ARRAY_FIELDS order) from a writer's counts tuple."""
-    (_, _, _, num_tokens, _, padded, _, num_gather, num_draft_tokens, num_draft_requests, num_device) = counts
-    return (num_tokens, num_tokens, num_gather, padded, padded, padded, padded + 1, padded,
-            num_draft_tokens, num_draft_requests, num_device)
+_ARRAY_INDEX = {name: index for index, name in enumerate(ARRAY_FIELDS)}
+_COUNT_INDEX = {name: index for index, name in enumerate(COUNT_FIELDS)}
+# Used length of each array (ARRAY_FIELDS order) as (index into a writer's counts tuple,
+# added): num_tokens is counts[3], padded_batch_size counts[5], then the writer's extra
+# counts (gather rows, draft tokens, draft requests, device-token rows) at 7..10.
+_USED_LENGTH = ((3, 0), (3, 0), (7, 0), (5, 0), (5, 0), (5, 0), (5, 1), (5, 0), (8, 0), (9, 0), (10, 0))
+
+
+def _used_length(index, counts):
+    """Used length of array ``index`` (ARRAY_FIELDS order) from a writer's counts tuple."""
+    position, added = _USED_LENGTH[index]
+    return counts[position] + added
 
 
 class PreparedInputs:
@@ -91,18 +98,36 @@ class PreparedInputs:
     With ``out=`` the arrays are views of the holder's buffers: the next call overwrites them.
     """
 
-    __slots__ = ARRAY_FIELDS + COUNT_FIELDS + METADATA_FIELDS
+    __slots__ = ARRAY_FIELDS + COUNT_FIELDS + METADATA_FIELDS + ("_arrays", "_counts", "_metadata")
 
+    # Every attribute is made on first read (then kept in its slot): a step that reads a
+    # few arrays pays for those few views, not for all of them.
     def __init__(self, arrays, counts):
-        for name, array, used in zip(ARRAY_FIELDS, arrays, _used_lengths(counts)):
-            setattr(self, name, array[:used])
-        for name, value in zip(COUNT_FIELDS, counts):
-            setattr(self, name, value)
+        self._arrays = arrays if type(arrays) in (list, tuple) else tuple(arrays)
+        self._counts = counts
+        self._metadata = None
 
-    def __getattr__(self, name):  # only called for a slot never set: metadata of a call without one
+    def __getattr__(self, name):  # only called for a slot not set yet
+        index = _ARRAY_INDEX.get(name)
+        if index is not None:
+            view = self._arrays[index][: _used_length(index, self._counts)]
+            setattr(self, name, view)
+            return view
+        index = _COUNT_INDEX.get(name)
+        if index is not None:
+            return self._counts[index]
         if name in METADATA_FIELDS:
-            return None
+            metadata = self._metadata
+            if metadata is None:  # a call without a block size
+                return None
+            self._metadata = None
+            attach(self, *metadata)
+            return getattr(self, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _set_metadata(self, buffers, results, block_sizes):
+        """The metadata attributes come from ``buffers`` (views of the used lengths) when read."""
+        self._metadata = (buffers, results, block_sizes, self._counts[3], self._counts[5])
 
     def __repr__(self):
         counts = ", ".join(f"{name}={getattr(self, name)}" for name in COUNT_FIELDS)
@@ -211,7 +236,7 @@ def _check_draft_len(max_draft_len):
 def prepare_inputs(context_requests, generation_requests, *, first_draft_requests=(), device_token_requests=(),
                    max_draft_len=0, cuda_graph_batch_sizes=None, out=None, block_size=None, block_sizes=None,
                    max_blocks_per_seq=None):
-    """Build the model inputs of one iteration in one pass (DESIGN.md, "Hot loop 1").
+    """Build the model inputs of one iteration in one pass over the requests.
 
     Row order: ``context_requests`` (chunk [p, p + c) of beam 0), then the requests of
     ``generation_requests`` that carry draft tokens (last token + k drafts), then
@@ -259,16 +284,23 @@ def prepare_inputs(context_requests, generation_requests, *, first_draft_request
         writer.set_metadata(metadata.bound(module))
         writer.plan(*requests, max_draft_len, cuda_graph_batch_sizes, 0, sizes_per_group)
         prepared = PreparedInputs(arrays, writer.write())
-        attach(prepared, metadata, metadata.bound(module).results(), sizes_per_group, num_tokens, padded)
+        prepared._set_metadata(metadata, metadata.bound(module).results(), sizes_per_group)
         return prepared
     if not isinstance(out, HostBuffers):
         raise TypeError(f"out must be a tokcy.executor.HostBuffers, not {type(out).__name__}")
+    return prepare_into(out, module, context_requests, generation_requests, first_draft_requests,
+                        device_token_requests, max_draft_len, cuda_graph_batch_sizes, sizes_per_group)
+
+
+def prepare_into(out, module, context_requests, generation_requests, first_draft_requests, device_token_requests,
+                 max_draft_len, cuda_graph_batch_sizes, sizes_per_group):
+    """``prepare_inputs(..., out=out)`` with its arguments already checked (``sizes_per_group``:
+    a tuple of block sizes or None); ``InputPreparer`` calls it every step."""
     counts = out.writer(module).prepare(
         context_requests, generation_requests, first_draft_requests, device_token_requests, max_draft_len,
         cuda_graph_batch_sizes, out.max_beam_width or 0, sizes_per_group)
     prepared = PreparedInputs(out.arrays, counts)
     if sizes_per_group is not None:
-        attach(prepared, out.metadata, out.metadata.bound(module).results(), sizes_per_group, prepared.num_tokens,
-               prepared.padded_batch_size)
+        prepared._set_metadata(out.metadata, out.metadata.bound(module).results(), sizes_per_group)
     return prepared
 

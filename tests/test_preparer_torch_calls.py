@@ -1,0 +1,102 @@
+"""InputPreparer.prepare: the torch calls of a steady decode step, counted.
+
+Each torch call is a device op (or a view) paid on the host every step, so the count is
+what a regression in the device feed would change; the counts below are the whole list,
+written out, for a decode batch whose views were made by earlier steps of the same sizes.
+"""
+
+import numpy as np
+import pytest
+
+from tokcy import RequestState
+from tokcy.executor import InputPreparer
+
+torch = pytest.importorskip("torch")
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+
+class CountCalls(TorchFunctionMode):
+    """Counts every torch function and tensor method called while active, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def decode_batch(module, batch, seq_len=40, block_size=16, num_groups=1):
+    requests = []
+    width = -(-(seq_len + 1) // block_size)
+    for index in range(batch):
+        request = module.Request(index, np.arange(seq_len, dtype=np.int32), num_layer_groups=num_groups)
+        request.state = RequestState.GENERATION_IN_PROGRESS
+        request.seq_slot = index
+        for group, table in enumerate(request.block_tables):
+            table.extend(np.arange(width, dtype=np.int32) + (group * batch + index) * width)
+        requests.append(request)
+    return requests, width
+
+
+def counted(preparer, requests, **kwargs):
+    preparer.prepare([], requests, **kwargs)  # the views of these sizes are made and kept
+    with CountCalls() as calls:
+        inputs = preparer.prepare([], requests, **kwargs)
+    return inputs, sorted(calls.names)
+
+
+@pytest.mark.parametrize("batch", [1, 16, 200])
+def test_tokens_only_one_copy(backend, batch):
+    requests, _ = decode_batch(backend, batch)
+    preparer = InputPreparer(batch, batch)
+    inputs, names = counted(preparer, requests)
+    assert names == ["copy_"]
+    with CountCalls() as calls:  # a view read by the model is kept: read again, no call
+        inputs.input_ids, inputs.input_ids, inputs.position_ids
+    assert len(calls.names) == 2
+    np.testing.assert_array_equal(inputs.input_ids.numpy(), np.full(batch, 39, np.int32))
+
+
+def test_device_tokens_add_one_gather_and_one_copy(backend):
+    requests, _ = decode_batch(backend, 8)
+    preparer = InputPreparer(8, 8)
+    previous = torch.arange(100, 108, dtype=torch.int32)
+    inputs, names = counted(preparer, [], device_token_requests=requests, previous_new_tokens=previous)
+    # attribute reads checking previous_new_tokens: ndim twice, both devices, its length
+    assert names == ["__get__"] * 5 + ["__getitem__", "copy_", "copy_", "index_select"]
+    np.testing.assert_array_equal(inputs.input_ids.numpy(), np.arange(100, 108, dtype=np.int32))
+
+
+STEP = ["copy_", "__get__"]  # the packed copy; the batch size read from the KV lengths' shape
+# one group, no block changed: gather the rows, mask past the blocks, build the CSR indices
+PER_GROUP = ["__floordiv__", "__getitem__", "add", "ge", "index_select", "masked_fill_",  # dense table
+             "__getitem__", "add", "diff", "index_select", "repeat_interleave", "sub", "add"]  # CSR indices
+
+
+@pytest.mark.parametrize("batch", [4, 64])
+def test_block_table_calls_do_not_grow_with_the_batch(backend, batch):
+    requests, width = decode_batch(backend, batch)
+    preparer = InputPreparer(batch, batch, block_size=16, max_blocks_per_seq=width)
+    preparer.prepare([], requests)  # every table sent whole
+    _, names = counted(preparer, requests)
+    assert names == sorted(STEP + PER_GROUP)
+    requests[0].block_tables[0][-1] = 5  # a step with one changed entry: its copy length's views made
+    preparer.prepare([], requests)
+    requests[1].block_tables[0][-1] = 7  # one changed entry: sent and scattered
+    with CountCalls() as calls:
+        inputs = preparer.prepare([], requests)
+    assert sorted(calls.names) == sorted(STEP + ["__getitem__", "__getitem__", "long", "__setitem__"] + PER_GROUP)
+    assert inputs.block_table[1, width - 1].item() == 7
+
+
+def test_two_groups_of_one_block_size_share_the_block_counts(backend):
+    requests, width = decode_batch(backend, 8, num_groups=2)
+    preparer = InputPreparer(8, 8, block_sizes=(16, 16), max_blocks_per_seq=width)
+    preparer.prepare([], requests)
+    _, names = counted(preparer, requests)
+    second = list(PER_GROUP)
+    for shared in ("__floordiv__", "add", "__getitem__"):  # (kv_lens + 15) // 16 and its column, once
+        second.remove(shared)
+    assert names == sorted(STEP + PER_GROUP + second)
