@@ -29,6 +29,12 @@ class _GroupPlan:
 
     __slots__ = ("buffer", "blocks", "num_blocks", "num_released", "row", "released_begin", "released_end",
                  "ids_begin", "zero_end")
+    # set by the device-table planning, when there is one
+    row: int
+    released_begin: int
+    released_end: int
+    ids_begin: int
+    zero_end: int
 
     def __init__(self, buffer, num_released):
         self.buffer = buffer

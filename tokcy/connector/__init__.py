@@ -11,7 +11,7 @@ A consumer keeps a mirror per request: for a new request the mirror is the repor
 cached one it drops ``num_replaced_tokens`` tokens (``num_replaced_blocks_by_group[g]``
 blocks) from the end, appends ``new_tokens`` (``new_block_ids_by_group[g]``) and sets the
 first ``num_released_blocks_by_group[g]`` block ids to -1. The mirror then always equals
-the request's real tokens and block tables. See DESIGN.md, "Hot loop 2".
+the request's real tokens and block tables (docs/connector.md states the rules).
 """
 
 from tokcy.connector.manager import SchedulerOutputManager
