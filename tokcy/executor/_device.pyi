@@ -41,7 +41,8 @@ class DeviceInputs:
     kv_indices: torch.Tensor | None
     kv_last_page_len: torch.Tensor | None
     groups: tuple[_DeviceGroup, ...] | None
-    def __init__(self, preparer: InputPreparer, host: PreparedInputs) -> None: ...
+    # metadata: what the device metadata views are made from on first read (internal)
+    def __init__(self, preparer: InputPreparer, host: PreparedInputs, metadata: object | None = None) -> None: ...
     def __getattr__(self, name: str) -> torch.Tensor | int: ...
 
 class InputPreparer:

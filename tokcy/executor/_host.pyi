@@ -80,6 +80,17 @@ class HostBuffers:
     def __getattr__(self, name: str) -> npt.NDArray[Any]: ...
     def writer(self, module: Any = None) -> InputWriter: ...
 
+def prepare_into(
+    out: HostBuffers,
+    module: Any,
+    context_requests: Iterable[Request],
+    generation_requests: Iterable[Request],
+    first_draft_requests: Iterable[Request],
+    device_token_requests: Iterable[Request],
+    max_draft_len: SupportsIndex,
+    cuda_graph_batch_sizes: Iterable[SupportsIndex] | None,
+    sizes_per_group: tuple[int, ...] | None,
+) -> PreparedInputs: ...
 def prepare_inputs(
     context_requests: Iterable[Request],
     generation_requests: Iterable[Request],
