@@ -6,14 +6,15 @@
 #
 # Pass 1 (plan, with the GIL): plan_sequence() validates each sequence's blocks (O(1) per
 # sequence and group: the rows of a sequence cover a run of blocks) and records one
-# GroupSpec per sequence and group, holding the table's storage and buffer.
+# GroupSpec per sequence and group, holding the table's storage and buffer when the
+# writer's pass 2 may follow Python code or release the GIL (owns_refs; take_refs()).
 # Device table: plan_deltas() (with the GIL, just before pass 2) compares each table's
 # device-table stamp with the stamp its row got at the last step, takes the range that
 # changed and consumes the table's mark (docs/change-tracking.md).
 # Pass 2 (write, without the GIL): write_sequence() / write_padding() fill the arrays,
 # write_deltas() the changed entries (index, value) after the used input ids.
 
-from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF, Py_XINCREF
 from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memset
 
@@ -27,7 +28,7 @@ cdef int64_t last_table_stamp = 0  # stamps handed out to device-table rows (pro
 
 cdef struct GroupSpec:
     const int32_t* blocks      # the table's ids at plan time
-    PyObject* storage_owner    # numpy storage behind blocks, held until release()
+    PyObject* storage_owner    # numpy storage behind blocks, held until release() when owns_refs
     PyObject* buffer_owner     # the table's Int32Buffer (its device-table mark), held likewise
     Py_ssize_t num_blocks
     Py_ssize_t num_released
@@ -116,6 +117,7 @@ cdef class AttentionMetadata:
     # the planned batch
     cdef GroupSpec* groups             # num_groups per planned sequence, in plan order
     cdef Py_ssize_t group_capacity, num_planned
+    cdef bint owns_refs                # the GroupSpecs hold their buffers and storages
     cdef Py_ssize_t total_live[MAX_LAYER_GROUPS]
     cdef int64_t total_kv
     cdef readonly int64_t plan_serial
@@ -230,8 +232,9 @@ cdef class AttentionMetadata:
         self._block_sizes = block_sizes
         return 0
 
-    cdef int begin(self, Py_ssize_t num_sequences) except -1:
-        """Start planning a batch of at most ``num_sequences`` sequences."""
+    cdef int begin(self, Py_ssize_t num_sequences, bint own) except -1:
+        """Start planning a batch of at most ``num_sequences`` sequences; ``own``: hold the
+        tables' buffers and storages (as the writer's own=True plan)."""
         cdef Py_ssize_t needed = num_sequences * self.num_groups
         cdef GroupSpec* grown
         cdef int32_t* slots
@@ -252,6 +255,7 @@ cdef class AttentionMetadata:
             self.total_live[group] = 0
         self.total_kv = 0
         self.longest_table = 0
+        self.owns_refs = own
         if self.has_device_table:
             self.rows.plan_stamp += 1
         return 0
@@ -303,8 +307,9 @@ cdef class AttentionMetadata:
             spec.blocks = buffer.data
             spec.storage_owner = <PyObject*>buffer.storage
             spec.buffer_owner = <PyObject*>buffer
-            Py_INCREF(buffer.storage)
-            Py_INCREF(buffer)
+            if self.owns_refs:
+                Py_INCREF(buffer.storage)
+                Py_INCREF(buffer)
             spec.num_blocks = buffer.size
             if buffer.size > self.longest_table:
                 self.longest_table = buffer.size
@@ -319,10 +324,34 @@ cdef class AttentionMetadata:
     cdef void release(self) noexcept:
         cdef Py_ssize_t index
         self.plan_serial += 1
-        for index in range(self.num_planned * self.num_groups):
-            Py_XDECREF(self.groups[index].storage_owner)
-            Py_XDECREF(self.groups[index].buffer_owner)
+        if self.owns_refs:
+            for index in range(self.num_planned * self.num_groups):
+                Py_XDECREF(self.groups[index].storage_owner)
+                Py_XDECREF(self.groups[index].buffer_owner)
+        self.owns_refs = False
         self.num_planned = 0
+
+    cdef void take_refs(self) noexcept:
+        """Own what a borrowing plan points into (InputWriter._take_refs: no Python code has
+        run since the plan)."""
+        cdef Py_ssize_t index
+        if self.owns_refs:
+            return
+        for index in range(self.num_planned * self.num_groups):
+            Py_XINCREF(self.groups[index].storage_owner)
+            Py_XINCREF(self.groups[index].buffer_owner)
+        self.owns_refs = True
+
+    cdef Py_ssize_t write_work(self, Py_ssize_t padded) noexcept:
+        """Entries pass 2 writes beyond the token rows (the writer's GIL decision)."""
+        cdef Py_ssize_t group, work = padded
+        for group in range(self.num_groups):
+            work += padded
+            if self.block_table[group] != NULL:
+                work += padded * self.width + self.total_live[group]
+        if self.has_device_table:
+            work += self.num_changed_entries
+        return work
 
     cdef int check_capacity(self, Py_ssize_t num_tokens, Py_ssize_t padded) except -1:
         cdef Py_ssize_t group

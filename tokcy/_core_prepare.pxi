@@ -1,16 +1,22 @@
-# Hot loop 1: input preparation, one validating pass then one GIL-free write; the readable twin is
+# Hot loop 1: input preparation, one validating pass then one write; the readable twin is
 # tokcy/_pure/prepare.py, with the same algorithm and the same errors (tokcy/_prepare_checks).
 #
 # InputWriter.prepare() runs in two passes:
 #   1. plan, with the GIL: per request, read the C fields, validate them and store one
 #      SeqSpec per emitted sequence in a C scratch array that only grows when a batch is
-#      larger than every batch before it. No Python object is created per request; the
-#      storage arrays the token pointers point into are INCREF'd so they outlive pass 2.
-#   2. write, without the GIL: fill_rows() memcpy's the tokens from the beams' `data` and
-#      writes every output array in one sweep. Cost O(batch + emitted tokens).
+#      larger than every batch before it. No Python object is created per request.
+#   2. write: fill_rows() memcpy's the tokens from the beams' `data` and writes every output
+#      array in one sweep. Cost O(batch + emitted tokens). A large write runs without the
+#      GIL; a small one keeps it.
+#
+# Ownership: pass 2 reads pointers into the requests' storage arrays. plan() (followed by
+# Python code before write()) holds a reference to each storage it points into. prepare()
+# runs both passes with no Python code in between, so its plan only holds the batch's
+# request sequences and borrows the storages: nothing can replace or free them while the
+# GIL stays held; before a large write releases it, _take_refs() takes the references.
 
-from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
-from libc.stdlib cimport free, realloc
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF, Py_XINCREF
+from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memset
 from libc.stdint cimport uint64_t
 
@@ -22,6 +28,10 @@ cdef enum:
     KIND_FIRST_DRAFT = 2
     KIND_PLAIN = 3
     KIND_DEVICE = 4
+
+# pass 2 releases the GIL when it writes at least this many entries (token rows plus
+# metadata entries); below, releasing and retaking it costs more than the write itself
+cdef Py_ssize_t NOGIL_MIN_WRITES = 1 << 15
 
 cdef enum:
     GATHER_LAST = 1
@@ -41,6 +51,11 @@ cdef struct SeqSpec:
     int32_t slot
     int gather
     int kind
+
+cdef struct SeenEntry:         # one slot of the duplicate-id hash set
+    int64_t request_id
+    int64_t stamp              # the plan that inserted it: a slot is used iff stamp == the plan's
+
 
 cdef struct Outputs:
     int32_t* input_ids
@@ -72,6 +87,20 @@ cdef inline void emit_seq(const SeqSpec* spec, Outputs* out, Py_ssize_t* counter
     cdef int32_t* ids = out.input_ids + row
     cdef int32_t* positions = out.position_ids + row
     cdef int32_t pos0 = <int32_t>spec.pos0
+    if spec.kind == KIND_PLAIN:  # the decode row (most rows of most steps): one token, no drafts
+        debug_assert(row < out.cap_tokens and seq < out.cap_seqs and counters[2] < out.cap_gather)
+        ids[0] = spec.src[0]
+        positions[0] = pos0
+        out.gather_ids[counters[2]] = <int32_t>row
+        counters[2] += 1
+        out.seq_lens[seq] = 1
+        out.num_cached_tokens[seq] = pos0
+        out.prompt_lens[seq] = spec.prompt_len
+        out.request_ids[seq] = spec.request_id
+        out.cu_seqlens[seq + 1] = <int32_t>(row + 1)
+        counters[0] = row + 1
+        counters[1] = seq + 1
+        return
     debug_assert(row + spec.seq_len <= out.cap_tokens and seq < out.cap_seqs)
     debug_assert(counters[3] + spec.ndraft <= out.cap_drafts)
     debug_assert(counters[2] + (spec.seq_len if spec.gather == GATHER_ALL else 1) <= out.cap_gather)
@@ -122,12 +151,12 @@ cdef inline void emit(const SeqSpec* specs, Py_ssize_t index, Outputs* out, Py_s
 
 cdef void fill_rows(const SeqSpec* specs, Py_ssize_t num_context, Py_ssize_t generation_end,
                     Py_ssize_t first_draft_end, Py_ssize_t device_end, Py_ssize_t num_padding,
-                    Outputs* out, AttentionMetadata meta) noexcept nogil:
+                    bint any_drafts, Outputs* out, AttentionMetadata meta) noexcept nogil:
     """Pass 2: the rows in output order (context chunks, generation rows with drafts,
     first drafts, plain generation rows, device-token rows, padding). specs holds, in
     call order, the context sequences [0, num_context), the generation sequences (draft
     and plain mixed) up to generation_end, the first-draft ones up to first_draft_end,
-    the device ones after.
+    the device ones after; ``any_drafts``: some generation sequence has drafts.
     ``meta``: None, or the attention metadata to write in the same sweep."""
     cdef Py_ssize_t counters[6]
     cdef Py_ssize_t index, row, seq
@@ -137,9 +166,10 @@ cdef void fill_rows(const SeqSpec* specs, Py_ssize_t num_context, Py_ssize_t gen
         meta.start_write()
     for index in range(num_context):
         emit(specs, index, out, counters, meta)
-    for index in range(num_context, generation_end):
-        if specs[index].kind == KIND_DRAFT:
-            emit(specs, index, out, counters, meta)
+    if any_drafts:
+        for index in range(num_context, generation_end):
+            if specs[index].kind == KIND_DRAFT:
+                emit(specs, index, out, counters, meta)
     for index in range(generation_end, first_draft_end):
         emit(specs, index, out, counters, meta)
     for index in range(num_context, generation_end):
@@ -165,10 +195,11 @@ cdef void fill_rows(const SeqSpec* specs, Py_ssize_t num_context, Py_ssize_t gen
 
 
 cdef inline int set_spec(SeqSpec* spec, Request request, Int32Buffer source, Py_ssize_t begin, Py_ssize_t ncopy,
-                         Py_ssize_t seq_len, Py_ssize_t pos0, int gather, int kind) except -1:
-    """Describe one sequence; holds a reference to each storage it points into until
-    _release(), so the pointers stay valid while pass 2 runs without the GIL."""
-    cdef Int32Buffer drafts = request._draft_tokens
+                         Py_ssize_t seq_len, Py_ssize_t pos0, int gather, int kind, bint own) except -1:
+    """Describe one sequence. ``own``: hold a reference to each storage it points into
+    until _release(), for a pass 2 that may run after Python code or without the GIL
+    (otherwise _take_refs() does it later, if needed)."""
+    cdef Int32Buffer drafts
     check_copy(request, source, begin, ncopy)
     if source is None:
         spec.src = NULL
@@ -176,11 +207,14 @@ cdef inline int set_spec(SeqSpec* spec, Request request, Int32Buffer source, Py_
     else:
         spec.src = source.data + begin
         spec.src_owner = <PyObject*>source.storage
-        Py_INCREF(source.storage)
+        if own:
+            Py_INCREF(source.storage)
     if kind == KIND_DRAFT:
+        drafts = request._draft_tokens
         spec.draft = drafts.data
         spec.draft_owner = <PyObject*>drafts.storage
-        Py_INCREF(drafts.storage)
+        if own:
+            Py_INCREF(drafts.storage)
         spec.ndraft = drafts.size
     else:
         spec.draft = NULL
@@ -217,14 +251,16 @@ cdef class InputWriter:
 
     cdef SeqSpec* _specs
     cdef Py_ssize_t _capacity
-    cdef int64_t* _hash_keys
-    cdef unsigned char* _hash_used
-    cdef Py_ssize_t _hash_capacity
+    cdef SeenEntry* _seen_ids           # the request ids of the plan (open addressing)
+    cdef Py_ssize_t _seen_capacity
+    cdef int64_t _seen_stamp            # bumped per plan: no clearing between plans
     # the planned batch
     cdef Py_ssize_t _num_specs, _num_context, _generation_end, _first_draft_end
     cdef Py_ssize_t _num_padding, _num_context_tokens, _num_tokens, _num_gather
     cdef Py_ssize_t _num_draft_tokens, _num_draft_requests, _num_device, _device_row_start
     cdef bint _planned, _busy
+    cdef bint _owns_refs                # the specs hold references to the storages they point into
+    cdef object _batch                  # the planned call's request sequences, held until _release()
     cdef AttentionMetadata _metadata    # set_metadata(); None: no metadata outputs
     cdef AttentionMetadata _meta        # the planned call's: _metadata with block sizes, else None
     cdef int64_t _meta_serial           # _meta.plan_serial after this writer planned it
@@ -238,11 +274,12 @@ cdef class InputWriter:
     def __cinit__(self):
         self._specs = NULL
         self._capacity = 0
-        self._hash_keys = NULL
-        self._hash_used = NULL
-        self._hash_capacity = 0
+        self._seen_ids = NULL
+        self._seen_capacity = 0
+        self._seen_stamp = 0
         self._planned = False
         self._busy = False
+        self._owns_refs = False
         self._arrays = None
         memset(&self._out, 0, sizeof(Outputs))
 
@@ -256,8 +293,7 @@ cdef class InputWriter:
     def __dealloc__(self):
         self._release()
         free(self._specs)
-        free(self._hash_keys)
-        free(self._hash_used)
+        free(self._seen_ids)
 
     # ------------------------------------------------------------------ outputs
     def bind(self, int32_t[::1] input_ids, int32_t[::1] position_ids, int32_t[::1] gather_ids,
@@ -308,46 +344,64 @@ cdef class InputWriter:
         self._capacity = capacity
         return 0
 
-    cdef int _reset_hash(self, Py_ssize_t num_requests) except -1:
+    cdef int _reset_seen(self, Py_ssize_t num_requests) except -1:
+        """An empty duplicate-id set for a plan of ``num_requests`` requests (load <= 1/2)."""
         cdef Py_ssize_t capacity = 64
+        cdef SeenEntry* grown
         while capacity < 2 * num_requests:
             capacity *= 2
-        if capacity > self._hash_capacity:
-            free(self._hash_keys)
-            free(self._hash_used)
-            self._hash_keys = NULL
-            self._hash_used = <unsigned char*>realloc(NULL, capacity)
-            self._hash_keys = <int64_t*>realloc(NULL, capacity * sizeof(int64_t))
-            if self._hash_keys == NULL or self._hash_used == NULL:
-                self._hash_capacity = 0
+        if capacity > self._seen_capacity:
+            grown = <SeenEntry*>calloc(capacity, sizeof(SeenEntry))  # stamps 0: all free
+            if grown == NULL:
                 raise MemoryError()
-            self._hash_capacity = capacity
-        memset(self._hash_used, 0, self._hash_capacity)
+            free(self._seen_ids)
+            self._seen_ids = grown
+            self._seen_capacity = capacity
+        self._seen_stamp += 1
         return 0
 
     cdef inline bint _seen(self, int64_t key) noexcept:
         """Insert key; True if it was already there."""
-        cdef Py_ssize_t mask = self._hash_capacity - 1
+        cdef Py_ssize_t mask = self._seen_capacity - 1
         cdef uint64_t h = (<uint64_t>key) * <uint64_t>0x9E3779B97F4A7C15
         cdef Py_ssize_t index = <Py_ssize_t>(h >> 32) & mask
-        while self._hash_used[index]:
-            if self._hash_keys[index] == key:
+        cdef SeenEntry* entry = &self._seen_ids[index]
+        while entry.stamp == self._seen_stamp:
+            if entry.request_id == key:
                 return True
             index = (index + 1) & mask
-        self._hash_used[index] = 1
-        self._hash_keys[index] = key
+            entry = &self._seen_ids[index]
+        entry.stamp = self._seen_stamp
+        entry.request_id = key
         return False
 
     cdef void _release(self) noexcept:
         cdef Py_ssize_t index
-        for index in range(self._num_specs):
-            Py_XDECREF(self._specs[index].src_owner)
-            Py_XDECREF(self._specs[index].draft_owner)
+        if self._owns_refs:
+            for index in range(self._num_specs):
+                Py_XDECREF(self._specs[index].src_owner)
+                Py_XDECREF(self._specs[index].draft_owner)
+        self._owns_refs = False
         self._num_specs = 0
         if self._meta is not None:
             self._meta.release()
             self._meta = None
         self._planned = False
+        self._batch = None  # last: dropping it may free requests, hence run Python code
+
+    cdef void _take_refs(self) noexcept:
+        """Own every storage the planned specs point into (a plan made with own=False,
+        when pass 2 is about to release the GIL). Valid only while no Python code has run
+        since the plan: the borrowed pointers are still those the plan checked."""
+        cdef Py_ssize_t index
+        if self._owns_refs:
+            return
+        for index in range(self._num_specs):
+            Py_XINCREF(self._specs[index].src_owner)
+            Py_XINCREF(self._specs[index].draft_owner)
+        self._owns_refs = True
+        if self._meta is not None:
+            self._meta.take_refs()
 
     cdef inline SeqSpec* _add(self, Py_ssize_t extra_beams) except NULL:
         if self._num_specs + 1 + extra_beams > self._capacity:
@@ -357,7 +411,10 @@ cdef class InputWriter:
     # ------------------------------------------------------------------ pass 1
     cdef int _plan(self, object context_requests, object generation_requests, object first_draft_requests,
                    object device_token_requests, Py_ssize_t max_draft_len, object cuda_graph_batch_sizes,
-                   Py_ssize_t max_beam_width, object block_sizes=None) except -1:
+                   Py_ssize_t max_beam_width, object block_sizes, bint own) except -1:
+        """Pass 1. ``own`` False (prepare(): pass 2 follows at once, with no Python code in
+        between) borrows the storages: the batch's sequences are held instead, and _write()
+        takes the references only if it releases the GIL."""
         cdef Request request
         cdef AttentionMetadata meta = None
         cdef Int32Buffer buffer
@@ -373,15 +430,17 @@ cdef class InputWriter:
         generations = generation_requests if type(generation_requests) in (list, tuple) else tuple(generation_requests)
         first_drafts = first_draft_requests if type(first_draft_requests) in (list, tuple) else tuple(first_draft_requests)
         devices = device_token_requests if type(device_token_requests) in (list, tuple) else tuple(device_token_requests)
-        batch_sizes = _checks.owned_batch_sizes(cuda_graph_batch_sizes)
-        self._reset_hash(len(contexts) + len(generations) + len(first_drafts) + len(devices))
+        batch_sizes = None if cuda_graph_batch_sizes is None else _checks.owned_batch_sizes(cuda_graph_batch_sizes)
+        self._batch = (contexts, generations, first_drafts, devices)
+        self._owns_refs = own
+        self._reset_seen(len(contexts) + len(generations) + len(first_drafts) + len(devices))
         self._grow(len(contexts) + len(generations) + len(first_drafts) + len(devices))
         if block_sizes is not None:
             if self._metadata is None:
                 _checks.metadata_not_bound()
             meta = self._metadata
             meta.configure(block_sizes)
-            meta.begin(len(contexts) + len(generations) + len(first_drafts) + len(devices))
+            meta.begin(len(contexts) + len(generations) + len(first_drafts) + len(devices), own)
             self._meta = meta
             self._meta_serial = meta.plan_serial
         self._num_context_tokens = 0
@@ -407,7 +466,8 @@ cdef class InputWriter:
                     _checks.empty_chunk(request._request_id)
                 if start + chunk > request._prompt_len:
                     _checks.chunk_past_prompt(request._request_id, start, chunk, request._prompt_len)
-                set_spec(self._add(0), request, request._beam0, start, chunk, chunk, start, GATHER_LAST, KIND_CONTEXT)
+                set_spec(self._add(0), request, request._beam0, start, chunk, chunk, start, GATHER_LAST, KIND_CONTEXT,
+                         own)
                 self._num_specs += 1
                 if meta is not None:
                     meta.plan_sequence(request, start, chunk)
@@ -435,7 +495,7 @@ cdef class InputWriter:
                     n = buffer.size
                     if n == 0:
                         _checks.no_tokens(_checks.GENERATION, request._request_id, 0)
-                    set_spec(self._add(0), request, buffer, n - 1, 1, 1 + k, n - 1, GATHER_ALL, KIND_DRAFT)
+                    set_spec(self._add(0), request, buffer, n - 1, 1, 1 + k, n - 1, GATHER_ALL, KIND_DRAFT, own)
                     self._num_specs += 1
                     if meta is not None:
                         meta.plan_sequence(request, n - 1, 1 + k)
@@ -443,8 +503,19 @@ cdef class InputWriter:
                     self._num_gather += 1 + k
                     self._num_draft_tokens += k
                     self._num_draft_requests += 1
+                elif request._beam_width == 1:  # the common decode row: beam 0 only
+                    buffer = request._beam0
+                    n = buffer.size
+                    if n == 0:
+                        _checks.no_tokens(_checks.GENERATION, request._request_id, 0)
+                    set_spec(self._add(0), request, buffer, n - 1, 1, 1, n - 1, GATHER_LAST, KIND_PLAIN, own)
+                    self._num_specs += 1
+                    if meta is not None:
+                        meta.plan_sequence(request, n - 1, 1)
+                    self._num_tokens += 1
+                    self._num_gather += 1
                 else:
-                    if meta is not None and request._beam_width != 1:
+                    if meta is not None:
                         _checks.beams_with_block_size(request._request_id, request._beam_width)
                     if max_beam_width > 0 and request._beam_width > max_beam_width:
                         _checks.too_many_beams(request._request_id, request._beam_width, max_beam_width)
@@ -459,10 +530,8 @@ cdef class InputWriter:
                     for beam in range(request._beam_width):
                         buffer = <Int32Buffer>request._beams[beam]
                         set_spec(&self._specs[self._num_specs], request, buffer, buffer.size - 1, 1, 1, n - 1,
-                                 GATHER_LAST, KIND_PLAIN)
+                                 GATHER_LAST, KIND_PLAIN, own)
                         self._num_specs += 1
-                    if meta is not None:
-                        meta.plan_sequence(request, n - 1, 1)
                     self._num_tokens += request._beam_width
                     self._num_gather += request._beam_width
                 index += 1
@@ -487,7 +556,7 @@ cdef class InputWriter:
                 if start < 0:
                     start = 0
                 set_spec(self._add(0), request, buffer, start, n - start, n - start, start, GATHER_LAST,
-                         KIND_FIRST_DRAFT)
+                         KIND_FIRST_DRAFT, own)
                 self._num_specs += 1
                 if meta is not None:
                     meta.plan_sequence(request, start, n - start)
@@ -512,7 +581,7 @@ cdef class InputWriter:
                 if request._seq_slot == NO_SLOT:
                     _checks.missing_slot(request._request_id)
                 n = request._beam0.size
-                set_spec(self._add(0), request, None, 0, 0, 1, n, GATHER_LAST, KIND_DEVICE)
+                set_spec(self._add(0), request, None, 0, 0, 1, n, GATHER_LAST, KIND_DEVICE, own)
                 self._num_specs += 1
                 if meta is not None:
                     meta.plan_sequence(request, n, 1)
@@ -550,15 +619,21 @@ cdef class InputWriter:
         self._enter()
         try:
             self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
+                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, True)
         finally:
             self._busy = False
         return (self._num_tokens, self._num_gather, self._num_specs + self._num_padding,
                 self._num_draft_tokens, self._num_draft_requests, self._num_device)
 
     # ------------------------------------------------------------------ pass 2
+    cdef void _fill(self) noexcept nogil:
+        fill_rows(self._specs, self._num_context, self._generation_end, self._first_draft_end,
+                  self._num_specs, self._num_padding, self._num_draft_requests > 0, &self._out, self._meta)
+        if self._meta is not None and self._meta.has_device_table:
+            self._meta.write_deltas(self._num_tokens)
+
     cdef tuple _write(self):
-        cdef Py_ssize_t padded, num_sequences
+        cdef Py_ssize_t padded, num_sequences, work
         if not self._planned:
             _checks.not_planned()
         if self._arrays is None:
@@ -585,11 +660,13 @@ cdef class InputWriter:
                 self._meta.check_capacity(self._num_tokens, padded)
                 if self._meta.has_device_table:
                     self._meta.plan_deltas(self._num_tokens)  # consumes the tables' marks: nothing fails after it
-            with nogil:
-                fill_rows(self._specs, self._num_context, self._generation_end, self._first_draft_end,
-                          self._num_specs, self._num_padding, &self._out, self._meta)
-                if self._meta is not None and self._meta.has_device_table:
-                    self._meta.write_deltas(self._num_tokens)
+            work = self._num_tokens + (0 if self._meta is None else self._meta.write_work(padded))
+            if work >= NOGIL_MIN_WRITES:
+                self._take_refs()
+                with nogil:
+                    self._fill()
+            else:  # small: releasing the GIL would cost more than the write
+                self._fill()
         finally:
             num_sequences = self._num_specs
             self._release()
@@ -635,7 +712,7 @@ cdef class InputWriter:
         self._enter()
         try:
             self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
+                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, False)
             return self._write()
         finally:
             self._busy = False

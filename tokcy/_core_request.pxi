@@ -177,6 +177,12 @@ Growable int32 list of the KV-cache block ids assigned to one request (one layer
         return self._buffer.view(0, self._buffer.size)
 
 
+# A request without draft tokens points at this one empty buffer (no buffer is ever
+# mutated in place as drafts: setting them makes a new one), so reading its size touches
+# memory shared by the whole batch rather than one more object per request.
+cdef Int32Buffer NO_DRAFTS = Int32Buffer()
+
+
 cdef class Request:
     """Request(request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1)
 --
@@ -184,21 +190,23 @@ cdef class Request:
 One request: per-beam int32 token buffers (prompt, then generated tokens), the
     chunked-prefill cursor, draft tokens and one ``BlockTable`` per layer group."""
 
+    # The fields the hot loops read come first, together: a batch touches one or two cache
+    # lines per request (C keeps the declaration order).
     cdef int64_t _request_id
-    cdef list _beams                 # Int32Buffer per beam
-    cdef Int32Buffer _beam0          # _beams[0], for the hot loops
-    cdef Py_ssize_t _beam_width
-    cdef Py_ssize_t _prompt_len
-    cdef Py_ssize_t _orig_prompt_len
-    cdef int64_t _max_new_tokens     # NO_LIMIT for None
-    cdef object _state               # RequestState member
     cdef int _state_code             # int(_state), readable without the GIL
+    cdef Py_ssize_t _beam_width
+    cdef Int32Buffer _beam0          # _beams[0], for the hot loops
+    cdef Int32Buffer _draft_tokens   # NO_DRAFTS (shared, never mutated) when there are none
+    cdef Py_ssize_t _prompt_len
     cdef int64_t _seq_slot           # NO_SLOT for None
     cdef Py_ssize_t _context_position
     cdef Py_ssize_t _chunk_size
-    cdef Int32Buffer _draft_tokens
     cdef tuple _block_tables
     cdef Py_ssize_t _num_pauses      # bumped by pause(): the connector then reports anew
+    cdef list _beams                 # Int32Buffer per beam
+    cdef Py_ssize_t _orig_prompt_len
+    cdef int64_t _max_new_tokens     # NO_LIMIT for None
+    cdef object _state               # RequestState member
 
     def __cinit__(self, *args, **kwargs):
         # One empty beam until __init__ runs, so that even an object whose __init__ was
@@ -210,7 +218,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._state_code = 0
         self._seq_slot = NO_SLOT
         self._max_new_tokens = NO_LIMIT
-        self._draft_tokens = Int32Buffer()
+        self._draft_tokens = NO_DRAFTS
         self._block_tables = ()
 
     @cython.embedsignature(False)  # the class docstring carries the signature for inspect/help
@@ -235,7 +243,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._state = RequestState.CONTEXT_INIT
         self._state_code = 0
         self._seq_slot = NO_SLOT
-        self._draft_tokens = Int32Buffer()
+        self._draft_tokens = NO_DRAFTS
         self._block_tables = tuple(BlockTable() for _ in range(num_layer_groups))
         self._num_pauses = 0
 
@@ -281,7 +289,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self.seq_slot = state["seq_slot"]
         self._context_position = state["context_current_position"]
         self._chunk_size = state["context_chunk_size"]
-        self._draft_tokens = Int32Buffer(state["draft_tokens"])
+        self._draft_tokens = Int32Buffer(state["draft_tokens"]) if len(state["draft_tokens"]) else NO_DRAFTS
         self._block_tables = tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"])
         self._num_pauses = state["num_pauses"]
         if state["dict"]:
@@ -561,7 +569,8 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
 
     @draft_tokens.setter
     def draft_tokens(self, tokens):
-        self._draft_tokens = Int32Buffer(_tokens.as_int32_array(() if tokens is None else tokens, "draft_tokens"))
+        drafts = _tokens.as_int32_array(() if tokens is None else tokens, "draft_tokens")
+        self._draft_tokens = Int32Buffer(drafts) if len(drafts) else NO_DRAFTS
 
     @draft_tokens.deleter
     def draft_tokens(self):
@@ -600,7 +609,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._state_code = 0
         self._context_position = 0
         self._chunk_size = self._prompt_len
-        self._draft_tokens = Int32Buffer()
+        self._draft_tokens = NO_DRAFTS
         self._seq_slot = NO_SLOT
         held = [table._buffer.tolist(table._num_released, table._buffer.size) for table in self._block_tables]
         for table in self._block_tables:
