@@ -15,6 +15,7 @@
 # write_deltas() the changed entries (index, value) after the used input ids.
 
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF, Py_XINCREF
+from cpython.tuple cimport PyTuple_GET_ITEM
 from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memset
 
@@ -24,6 +25,17 @@ cdef enum:
     MAX_LAYER_GROUPS = 16
 
 cdef int64_t last_table_stamp = 0  # stamps handed out to device-table rows (process-wide, under the GIL)
+
+
+cdef int as_block_table(object table) except -1:
+    cdef BlockTable checked = <BlockTable?>table
+    return 0
+
+
+cdef inline int64_t block_of(int64_t position, int64_t block_size, int shift) noexcept nogil:
+    """position // block_size for position >= 0: a shift for the usual power-of-two sizes
+    (a 64-bit division costs tens of cycles, and each sequence needs a few)."""
+    return position >> shift if shift >= 0 else position // block_size
 
 
 cdef struct GroupSpec:
@@ -103,6 +115,7 @@ cdef class AttentionMetadata:
 
     cdef Py_ssize_t width, num_bound_groups, num_groups
     cdef int64_t block_size[MAX_LAYER_GROUPS]
+    cdef int block_shift[MAX_LAYER_GROUPS]   # log2(block_size), or -1 if it is not a power of two
     cdef object _block_sizes           # the tuple last configured (identity fast path)
     cdef tuple _arrays                 # every bound array, owned
     cdef int32_t* kv_lens
@@ -228,6 +241,11 @@ cdef class AttentionMetadata:
                 _checks.bad_block_sizes(block_sizes)
             size = item
             self.block_size[group] = size
+            self.block_shift[group] = -1
+            if size & (size - 1) == 0:
+                self.block_shift[group] = 0
+                while (<int64_t>1) << self.block_shift[group] != size:
+                    self.block_shift[group] += 1
         self.num_groups = len(block_sizes)
         self._block_sizes = block_sizes
         return 0
@@ -264,27 +282,38 @@ cdef class AttentionMetadata:
         """Validate one sequence's rows [pos0, pos0 + seq_len) against its block tables and
         record them; the planned sequences must follow the writer's specs one for one."""
         cdef tuple tables = request._block_tables
-        cdef BlockTable table
-        cdef Int32Buffer buffer
-        cdef GroupSpec* spec
-        cdef Py_ssize_t group, size, released, first, last, num_blocks
-        cdef Py_ssize_t kv_len = pos0 + seq_len
+        # borrowed (no reference counts written): the writer holds the batch, the request
+        # its tables tuple, the tuple its tables; no Python code runs during the plan
+        cdef PyObject* table
+        cdef PyObject* buffer
+        cdef GroupSpec* specs = &self.groups[self.num_planned * self.num_groups]
+        cdef Py_ssize_t group, size, released, first, last
+        cdef Py_ssize_t kv_len = pos0 + seq_len   # >= 1: every sequence has a row
         cdef int64_t block_size, slot
         cdef DeviceTableRows rows = self.rows
         if len(tables) != self.num_groups:
             _checks.group_count(request._request_id, len(tables), self.num_groups)
         for group in range(self.num_groups):
-            table = <BlockTable?>tables[group]
-            size = table._buffer.size
+            table = PyTuple_GET_ITEM(tables, group)
+            if <void*>table.ob_type != <void*>BlockTable:
+                as_block_table(<object>table)  # TypeError unless a BlockTable subclass
+            buffer = <PyObject*>(<BlockTable>table)._buffer
+            size = (<Int32Buffer>buffer).size
+            released = (<BlockTable>table)._num_released
             block_size = self.block_size[group]
             if size > self.width:
                 _checks.too_many_blocks(request._request_id, group, size, self.width)
-            first = pos0 // block_size
-            last = (kv_len - 1) // block_size
+            first = block_of(pos0, block_size, self.block_shift[group])
+            last = block_of(kv_len - 1, block_size, self.block_shift[group])
             if last >= size:
                 _checks.missing_block(request._request_id, group, max(pos0, size * block_size), last, size)
-            if first < table._num_released:
+            if first < released:
                 _checks.released_block(request._request_id, group, pos0, first)
+            specs[group].blocks = (<Int32Buffer>buffer).data
+            specs[group].storage_owner = <PyObject*>(<Int32Buffer>buffer).storage
+            specs[group].buffer_owner = buffer
+            specs[group].num_blocks = size
+            specs[group].num_released = released
         if self.has_device_table:
             slot = request._seq_slot
             if slot == NO_SLOT:
@@ -299,25 +328,15 @@ cdef class AttentionMetadata:
         if self.total_kv + kv_len > INT32_MAX:
             _checks.kv_too_long(self.total_kv + kv_len)
         self.total_kv += kv_len
-        # valid: record it (and own what pass 2 reads)
+        # valid: count it (and own what pass 2 reads, when this plan owns)
         for group in range(self.num_groups):
-            table = <BlockTable>tables[group]
-            buffer = table._buffer
-            spec = &self.groups[self.num_planned * self.num_groups + group]
-            spec.blocks = buffer.data
-            spec.storage_owner = <PyObject*>buffer.storage
-            spec.buffer_owner = <PyObject*>buffer
             if self.owns_refs:
-                Py_INCREF(buffer.storage)
-                Py_INCREF(buffer)
-            spec.num_blocks = buffer.size
-            if buffer.size > self.longest_table:
-                self.longest_table = buffer.size
-            released = table._num_released
-            spec.num_released = released
-            block_size = self.block_size[group]
-            num_blocks = (kv_len + block_size - 1) // block_size
-            self.total_live[group] += num_blocks - min(released, num_blocks)
+                Py_INCREF(<object>specs[group].storage_owner)
+                Py_INCREF(<object>specs[group].buffer_owner)
+            if specs[group].num_blocks > self.longest_table:
+                self.longest_table = specs[group].num_blocks
+            last = block_of(kv_len - 1, self.block_size[group], self.block_shift[group])  # blocks: last + 1
+            self.total_live[group] += last + 1 - min(specs[group].num_released, last + 1)
         self.num_planned += 1
         return 0
 
@@ -371,31 +390,31 @@ cdef class AttentionMetadata:
         global last_table_stamp
         cdef GroupSpec* spec
         cdef Int32Buffer buffer
-        cdef Py_ssize_t index, group, row, sent, start, total = 0
+        cdef Py_ssize_t index, group, sequence, row, sent, start, total = 0
         cdef DeviceTableRows rows = self.rows
-        for index in range(self.num_planned * self.num_groups):
-            spec = &self.groups[index]
-            buffer = <Int32Buffer>spec.buffer_owner
-            group = index % self.num_groups
-            row = group * self.max_slots + self.sequence_slots[index // self.num_groups]
-            spec.row = row
-            sent = rows.row_lengths[row]
-            if buffer.table_stamp != 0 and buffer.table_stamp == rows.row_stamps[row]:
-                # the row holds this table as of its last read: only the marked tail and
-                # newly released leading entries can differ
-                start = buffer.table_dirty_from if buffer.table_dirty_from < sent else sent
-                spec.released_begin = rows.row_released[row]
-                spec.released_end = spec.num_released if spec.num_released < start else start
-                if spec.released_end < spec.released_begin:
-                    spec.released_end = spec.released_begin
-            else:  # another table (or none) is in the row: send it whole
-                start = 0
-                spec.released_begin = spec.released_end = 0
-            if start > spec.num_blocks:
-                start = spec.num_blocks
-            spec.ids_begin = start
-            spec.zero_end = sent if sent > spec.num_blocks else spec.num_blocks
-            total += (spec.released_end - spec.released_begin) + (spec.zero_end - start)
+        for sequence in range(self.num_planned):
+            for group in range(self.num_groups):
+                spec = &self.groups[sequence * self.num_groups + group]
+                buffer = <Int32Buffer>spec.buffer_owner
+                row = group * self.max_slots + self.sequence_slots[sequence]
+                spec.row = row
+                sent = rows.row_lengths[row]
+                if buffer.table_stamp != 0 and buffer.table_stamp == rows.row_stamps[row]:
+                    # the row holds this table as of its last read: only the marked tail and
+                    # newly released leading entries can differ
+                    start = buffer.table_dirty_from if buffer.table_dirty_from < sent else sent
+                    spec.released_begin = rows.row_released[row]
+                    spec.released_end = spec.num_released if spec.num_released < start else start
+                    if spec.released_end < spec.released_begin:
+                        spec.released_end = spec.released_begin
+                else:  # another table (or none) is in the row: send it whole
+                    start = 0
+                    spec.released_begin = spec.released_end = 0
+                if start > spec.num_blocks:
+                    start = spec.num_blocks
+                spec.ids_begin = start
+                spec.zero_end = sent if sent > spec.num_blocks else spec.num_blocks
+                total += (spec.released_end - spec.released_begin) + (spec.zero_end - start)
         if num_tokens + 2 * total > self.delta_capacity:
             _checks.over_capacity("changed block-table entries", total, (self.delta_capacity - num_tokens) // 2)
         # commit (nothing below can fail): new stamps, the rows' state, the marks consumed
@@ -449,8 +468,8 @@ cdef class AttentionMetadata:
             block_size = self.block_size[group]
             # slots: walk the blocks the rows cover (validated in plan_sequence)
             slots = self.slot_mapping[group] + row
-            block = pos0 // block_size
-            offset = pos0 % block_size
+            block = block_of(pos0, block_size, self.block_shift[group])
+            offset = pos0 - block * block_size
             base = <int64_t>spec.blocks[block] * block_size
             for j in range(seq_len):
                 slots[j] = base + offset
@@ -460,7 +479,7 @@ cdef class AttentionMetadata:
                     block += 1
                     base = <int64_t>spec.blocks[block] * block_size
             # the blocks holding positions [0, kv_len); the CSR lists the live ones
-            num_blocks = (kv_len + block_size - 1) // block_size
+            num_blocks = block_of(kv_len - 1, block_size, self.block_shift[group]) + 1
             first_live = spec.num_released if spec.num_released < num_blocks else num_blocks
             live = num_blocks - first_live
             start = self.kv_indptr[group][seq]
