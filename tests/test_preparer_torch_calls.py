@@ -48,15 +48,34 @@ def counted(preparer, requests, **kwargs):
 
 
 @pytest.mark.parametrize("batch", [1, 16, 200])
-def test_tokens_only_one_copy(backend, batch):
+def test_tokens_only_no_torch_call_on_cpu(backend, batch):
+    """On a CPU device the packed copy is a numpy copy between the two buffers (a torch
+    copy_ of the same bytes costs three times as much on the host): no torch call."""
     requests, _ = decode_batch(backend, batch)
     preparer = InputPreparer(batch, batch)
     inputs, names = counted(preparer, requests)
-    assert names == ["copy_"]
+    assert names == []
     with CountCalls() as calls:  # a view read by the model is kept: read again, no call
         inputs.input_ids, inputs.input_ids, inputs.position_ids
     assert len(calls.names) == 2
     np.testing.assert_array_equal(inputs.input_ids.numpy(), np.full(batch, 39, np.int32))
+
+
+def test_the_torch_copy_a_gpu_takes_is_one_call_with_the_same_inputs(backend):
+    """The path a CUDA device takes (torch copy_), forced on CPU: one call, same tensors."""
+    requests, width = decode_batch(backend, 16)
+    twins, _ = decode_batch(backend, 16)  # a device table's marks are per request: one set each
+    by_numpy = InputPreparer(16, 16, block_size=16, max_blocks_per_seq=width)
+    by_torch = InputPreparer(16, 16, block_size=16, max_blocks_per_seq=width)
+    by_torch._numpy_copy = False
+    by_numpy.prepare([], twins)
+    expected = by_numpy.prepare([], twins)
+    by_torch.prepare([], requests)  # every table sent whole (a copy of another length)
+    inputs, names = counted(by_torch, requests)
+    assert names == sorted(STEP + PER_GROUP + ["copy_"])
+    for name in ("input_ids", "position_ids", "seq_lens", "cu_seqlens", "kv_lens", "slot_mapping", "block_table",
+                 "kv_indptr", "kv_indices"):
+        assert torch.equal(getattr(inputs, name), getattr(expected, name)), name
 
 
 def test_device_tokens_add_one_gather_and_one_copy(backend):
@@ -65,11 +84,11 @@ def test_device_tokens_add_one_gather_and_one_copy(backend):
     previous = torch.arange(100, 108, dtype=torch.int32)
     inputs, names = counted(preparer, [], device_token_requests=requests, previous_new_tokens=previous)
     # attribute reads checking previous_new_tokens: ndim twice, both devices, its length
-    assert names == ["__get__"] * 5 + ["__getitem__", "copy_", "copy_", "index_select"]
+    assert names == ["__get__"] * 5 + ["__getitem__", "copy_", "index_select"]
     np.testing.assert_array_equal(inputs.input_ids.numpy(), np.arange(100, 108, dtype=np.int32))
 
 
-STEP = ["copy_", "__get__"]  # the packed copy; the batch size read from the KV lengths' shape
+STEP = ["__get__"]  # the batch size read from the KV lengths' shape (the packed copy is numpy's on CPU)
 # one group, no block changed: gather the rows, mask past the blocks, build the CSR indices
 PER_GROUP = ["__floordiv__", "__getitem__", "add", "ge", "index_select", "masked_fill_",  # dense table
              "__getitem__", "add", "diff", "index_select", "repeat_interleave", "sub", "add"]  # CSR indices

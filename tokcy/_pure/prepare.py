@@ -6,6 +6,9 @@ rows in the documented order (docs/executor.md). Tokens are copied as numpy slic
 the cost is O(batch + emitted tokens), never O(sequence length).
 """
 
+from itertools import accumulate
+from operator import itemgetter
+
 import numpy as np
 
 from tokcy import _prepare_checks as _checks
@@ -18,8 +21,9 @@ __all__ = ["InputWriter"]
 
 _CONTEXT, _DRAFT, _FIRST_DRAFT, _PLAIN, _DEVICE = range(5)
 _GATHER_LAST, _GATHER_ALL = 1, 2
-_CONTEXT_INIT = int(RequestState.CONTEXT_INIT)
-_IN_PROGRESS = int(RequestState.GENERATION_IN_PROGRESS)
+_SEQ_LEN = itemgetter(5)  # a spec's rows
+_CONTEXT_INIT = RequestState.CONTEXT_INIT
+_IN_PROGRESS = RequestState.GENERATION_IN_PROGRESS
 
 
 
@@ -30,9 +34,8 @@ def _check_request(item, group, index, seen, expected_state):
     if request_id in seen:
         _checks.duplicate(request_id)
     seen.add(request_id)
-    state = int(item._state)
-    if state != expected_state:
-        _checks.wrong_state(group, request_id, state, expected_state)
+    if item._state is not expected_state:  # RequestState members are singletons
+        _checks.wrong_state(group, request_id, int(item._state), int(expected_state))
     return request_id
 
 
@@ -147,7 +150,15 @@ class InputWriter:
             beams = item._beams
             drafts = item._draft_tokens
             k = len(drafts)
-            if k:
+            if not k and len(beams) == 1:  # the usual decode row: the newest token of beam 0
+                buffer = beams[0]
+                n = buffer.size
+                if n == 0:
+                    _checks.no_tokens(_checks.GENERATION, request_id, 0)
+                plain.append((_PLAIN, buffer.storage, n - 1, 1, None, 1, n - 1, n - 1, request_id, item._prompt_len,
+                              -1, None if meta is None else plan_sequence(item, n - 1, 1)))
+                num_gather += 1
+            elif k:
                 if len(beams) != 1:
                     _checks.needs_single_beam(_checks.GENERATION, request_id, len(beams))
                 if k > max_draft_len:
@@ -208,13 +219,13 @@ class InputWriter:
             if best < 0:
                 _checks.no_padding_size(len(specs), batch_sizes)
             num_padding = best - len(specs)
-        num_context_tokens = sum(spec[5] for spec in context)
-        num_tokens = sum(spec[5] for spec in specs) + num_padding
-        num_draft_tokens = sum(spec[5] - 1 for spec in drafted)
+        num_context_tokens = sum(map(_SEQ_LEN, context))
+        num_tokens = sum(map(_SEQ_LEN, specs)) + num_padding
+        num_draft_tokens = sum(map(_SEQ_LEN, drafted)) - len(drafted)
         self.tokens_copied = num_tokens - len(device) - num_padding
         self._plan_state = (specs, len(context), num_context_tokens, num_tokens, num_gather, num_padding,
                             num_draft_tokens, len(drafted), len(device),
-                            num_context_tokens + sum(spec[5] for spec in drafted + first_draft + plain))
+                            num_tokens - num_padding - len(device))
         return (num_tokens, num_gather, len(specs) + num_padding, num_draft_tokens, len(drafted), len(device))
 
     # ------------------------------------------------------------------ pass 2
@@ -271,55 +282,50 @@ class InputWriter:
         (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
          request_ids, draft_tokens, draft_lens, device_token_slots) = self._arrays
 
-        # per-sequence columns, one numpy assignment each
-        lens = [spec[5] for spec in specs] + [1] * num_padding
-        seq_lens[:padded] = lens
-        num_cached_tokens[:padded] = [spec[7] for spec in specs] + [0] * num_padding
-        prompt_lens[:padded] = [spec[9] for spec in specs] + [0] * num_padding
-        request_ids[:padded] = [spec[8] for spec in specs] + [-1] * num_padding
-        cu_seqlens[0] = 0
-        np.cumsum(seq_lens[:padded], out=cu_seqlens[1 : padded + 1])
-        starts = cu_seqlens[:padded]
-        # positions: pos0 + offset within the sequence; padding rows sit at 0
-        pos0 = np.array([spec[6] for spec in specs] + [0] * num_padding, dtype=np.int64)
-        lengths = np.array(lens, dtype=np.int64)
-        position_ids[:num_tokens] = np.repeat(pos0 - starts, lengths) + np.arange(num_tokens)
-        # tokens: a slice copy per multi-token sequence, one fancy assignment for the rest
-        single_rows, single_tokens = [], []
-        gathered = []
-        draft_offset = 0
-        draft_index = 0
-        device_index = 0
-        for index, spec in enumerate(specs):
-            kind, source, begin, ncopy, drafts, seq_len = spec[:6]
-            row = int(starts[index])
-            if ncopy == 1:
-                single_rows.append(row)
-                single_tokens.append(source[begin])
-            elif ncopy:
-                input_ids[row : row + ncopy] = source[begin : begin + ncopy]
+        # the specs' fields as columns (one tuple per field, in row order), then one
+        # assignment per output array: a numpy call costs more than a list element
+        (kinds, sources, begins, ncopies, drafts, lens, pos0s, cached, ids, prompts, slots,
+         _) = zip(*specs) if specs else ((),) * 12
+        starts = list(accumulate(lens, initial=0))  # each sequence's first row
+        pad_rows = (0,) * num_padding
+        seq_lens[:padded] = lens + (1,) * num_padding
+        num_cached_tokens[:padded] = cached + pad_rows
+        prompt_lens[:padded] = prompts + pad_rows
+        request_ids[:padded] = ids + (-1,) * num_padding
+        cu_seqlens[: padded + 1] = starts + list(range(starts[-1] + 1, starts[-1] + 1 + num_padding))
+        if starts[-1] == len(specs):  # one row per sequence (a decode batch)
+            position_ids[:num_tokens] = pos0s + pad_rows
+            gather_ids[:num_gather] = starts[:-1]
+        else:
+            position_ids[:num_tokens] = [pos0 + j for pos0, seq_len in zip(pos0s, lens) for j in range(seq_len)] + [0] * num_padding
+            gather_ids[:num_gather] = [row for kind, start, seq_len in zip(kinds, starts, lens)
+                                       for row in (range(start, start + seq_len) if kind == _DRAFT else (start + seq_len - 1,))]
+        # tokens: one fancy assignment for the single-token copies, a slice per longer one
+        single = [index for index, ncopy in enumerate(ncopies) if ncopy == 1]
+        if len(single) == starts[-1]:  # every row is a single-token copy: rows 0, 1, ...
+            input_ids[: len(single)] = [source.item(begin) for source, begin in zip(sources, begins)]
+        elif single:
+            input_ids[[starts[index] for index in single]] = [sources[index].item(begins[index]) for index in single]
+        draft_offset = draft_index = device_index = 0
+        for index, kind in enumerate(kinds):
+            row, ncopy = starts[index], ncopies[index]
+            if ncopy > 1:
+                input_ids[row : row + ncopy] = sources[index][begins[index] : begins[index] + ncopy]
             if kind == _DRAFT:
-                k = seq_len - 1
-                input_ids[row + 1 : row + seq_len] = drafts
-                draft_tokens[draft_offset : draft_offset + k] = drafts
+                k = lens[index] - 1
+                input_ids[row + 1 : row + 1 + k] = drafts[index]
+                draft_tokens[draft_offset : draft_offset + k] = drafts[index]
                 draft_lens[draft_index] = k
                 draft_offset += k
                 draft_index += 1
-                gathered.extend(range(row, row + seq_len))
-            else:
-                gathered.append(row + seq_len - 1)
-            if kind == _DEVICE:
+            elif kind == _DEVICE:
                 input_ids[row] = 0
-                device_token_slots[device_index] = spec[10]
+                device_token_slots[device_index] = slots[index]
                 device_index += 1
-        if single_rows:
-            input_ids[single_rows] = single_tokens
         if num_padding:
             input_ids[num_tokens - num_padding : num_tokens] = 0
-        gather_ids[:num_gather] = gathered
         if meta is not None:
-            meta.write([(spec[11], spec[6], spec[5], int(starts[index])) for index, spec in enumerate(specs)],
-                       num_tokens, padded)
+            meta.write([(spec[11], spec[6], spec[5], start) for spec, start in zip(specs, starts)], num_tokens, padded)
             meta.release()
         return (num_context, num_context_tokens, num_tokens - num_context_tokens - num_padding, num_tokens,
                 num_sequences, padded, device_row_start, num_gather, num_draft_tokens, num_draft_requests,

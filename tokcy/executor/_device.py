@@ -71,6 +71,7 @@ def _packed_layout(max_num_tokens, max_batch_size, max_draft_len, num_groups=0):
     return layout, offset
 
 
+_new_object = object.__new__
 _MAX_CACHED_VIEWS = 4096  # per field; lengths are bounded by the capacities anyway
 
 
@@ -168,8 +169,11 @@ class InputPreparer:
         self._device_packed = torch.zeros(max(total, 1), dtype=torch.int32, device=self.device)
         self.tensors = {name: self._field(self._device_packed, name) for name in ARRAY_FIELDS}
         self._views = {name: {} for name in ARRAY_FIELDS}
-        self._indptrs = {}  # padded batch size -> the groups' kv_indptr views
+        self._batch_view_cache = {}  # padded batch size -> _batch_views(): the per-sequence metadata views
         self._copy_pairs = {}  # used int32 words -> (device prefix, staging prefixes per ring slot)
+        # On a CPU "device" the packed copy is a plain memcpy between two host buffers: done
+        # through numpy views of the same memory it costs a third of a torch copy_ call.
+        self._numpy_copy = self.device.type == "cpu"
         self._staging = []
         self._host = []
         for _ in range(num_staging_buffers):
@@ -265,33 +269,40 @@ class InputPreparer:
         host = prepare_into(self._host[slot], _backend.module, context_requests, generation_requests,
                             first_draft_requests, device_token_requests, self.max_draft_len, cuda_graph_batch_sizes,
                             self.block_sizes)
+        counts = host._counts  # read directly: the attributes go through __getattr__
         try:
-            count = host._counts[10]  # device-token rows
+            count = counts[10]  # device-token rows
             if count and int(host.device_token_slots.max()) >= previous.shape[0]:
                 # checked before the copy: a failed call leaves the device tensors as they were
                 bad = int(host.device_token_slots.max())
                 raise ValueError(f"seq_slot {bad} is out of range for previous_new_tokens of {previous.shape[0]} slots")
             self._next = (slot + 1) % len(self._staging)
-            used = self._input_ids_end + host.num_tokens
+            used = self._input_ids_end + counts[3]  # + num_tokens
             num_changed = 0
             if self.block_sizes is not None:
-                num_changed = self._host[slot].metadata.bound().num_changed_entries
+                num_changed = host._metadata[1][2]  # the writer's results(): changed table entries
                 used += 2 * num_changed
             target, sources = self._copy_prefixes(used)
-            target.copy_(sources[slot], non_blocking=self.is_cuda)
+            if self._numpy_copy:
+                target[:] = sources[slot]
+            else:
+                target.copy_(sources[slot], non_blocking=self.is_cuda)
             self.last_copy_bytes = used * 4
             if self._events is not None:
                 # the copy runs on the inputs' device's current stream: fence that stream
                 self._events[slot].record(torch.cuda.current_stream(self._device_packed.device))
                 self._recorded[slot] = True
             if count:
-                start = host.device_token_row_start
+                start = counts[6]  # device_token_row_start
                 tokens = previous.index_select(0, self._view("device_token_slots", count))
                 self.tensors["input_ids"][start : start + count].copy_(tokens)
             metadata = None
             if self.block_sizes is not None:
                 metadata = self._device_metadata(host, num_changed)
-            inputs = DeviceInputs(self, host, metadata)
+            inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, metadata), without the __init__ call
+            inputs._preparer = self
+            inputs.host = host
+            inputs._metadata = metadata
         except BaseException:
             if self.device_table is not None:  # the host consumed the tables' changes: resend them whole
                 self.device_table.rows().forget()
@@ -301,26 +312,27 @@ class InputPreparer:
     def _device_metadata(self, host, num_changed):
         """Scatter the changed entries into the device table and gather the batch's tables
         (device work, issued now); returns what ``_set_device_metadata`` makes the views from."""
-        padded, num_tokens = host.padded_batch_size, host.num_tokens
+        num_tokens, padded = host._counts[3], host._counts[5]
         _, results, _, _, _ = host._metadata
         max_query_len, max_kv_len, _, num_indices = results
-        kv_lens = self._packed_view("kv_lens", padded)
-        indptrs = self._indptr_views(padded)
+        kv_lens, table_slots, indptrs = self._batch_views(padded)
         tables = self.device_table.apply(self._device_packed, self._input_ids_end + num_tokens, num_changed, kv_lens,
-                                         self._packed_view("table_slots", padded), indptrs, self.block_sizes,
-                                         num_indices)
+                                         table_slots, indptrs, self.block_sizes, num_indices)
         return tables, padded, num_tokens, max_query_len, max_kv_len
 
-    def _indptr_views(self, padded):
-        views = self._indptrs.get(padded)
+    def _batch_views(self, padded):
+        """(kv_lens, table_slots, [kv_indptr per group]) of the device packed buffer for a
+        batch of ``padded`` sequences, made once per size."""
+        views = self._batch_view_cache.get(padded)
         if views is None:
-            views = self._indptrs[padded] = [self._packed_view(f"kv_indptr/{group}", padded + 1)
-                                             for group in range(len(self.block_sizes))]
+            views = self._batch_view_cache[padded] = (
+                self._packed_view("kv_lens", padded), self._packed_view("table_slots", padded),
+                [self._packed_view(f"kv_indptr/{group}", padded + 1) for group in range(len(self.block_sizes))])
         return views
 
     def _set_device_metadata(self, inputs, tables, padded, num_tokens, max_query_len, max_kv_len):
         """The metadata attributes of ``inputs`` (device views), made when first read."""
-        indptrs = self._indptr_views(padded)
+        indptrs = self._batch_views(padded)[2]
         groups = []
         for group, (block_size, (dense, indices)) in enumerate(zip(self.block_sizes, tables)):
             groups.append(LayerGroupInputs(
@@ -336,12 +348,18 @@ class InputPreparer:
         if pair is None:
             if len(self._copy_pairs) >= _MAX_CACHED_VIEWS:
                 self._copy_pairs.clear()
-            pair = self._copy_pairs[used] = (self._device_packed[:used], [staging[:used] for staging in self._staging])
+            if self._numpy_copy:
+                pair = (self._device_packed.numpy()[:used], [staging.numpy()[:used] for staging in self._staging])
+            else:
+                pair = (self._device_packed[:used], [staging[:used] for staging in self._staging])
+            self._copy_pairs[used] = pair
         return pair
 
     def _packed_view(self, name, length):
         """A metadata field of the device packed buffer, ``[:length]``, cached by length."""
-        views = self._views.setdefault(name, {})
+        views = self._views.get(name)
+        if views is None:
+            views = self._views[name] = {}
         view = views.get(length)
         if view is None:
             if len(views) >= _MAX_CACHED_VIEWS:
