@@ -26,8 +26,7 @@ cdef enum:
     KIND_CONTEXT = 0
     KIND_DRAFT = 1
     KIND_FIRST_DRAFT = 2
-    KIND_PLAIN = 3
-    KIND_DEVICE = 4
+    KIND_DEVICE = 4  # (3 was the plain row: PlainRow now)
 
 # pass 2 releases the GIL when it writes at least this many entries (token rows plus
 # metadata entries); below, releasing and retaking it costs more than the write itself
@@ -49,8 +48,18 @@ cdef struct SeqSpec:
     int64_t request_id
     int32_t prompt_len
     int32_t slot
+    int32_t meta_index         # its sequence in the attention metadata's plan (-1: none)
     int gather
     int kind
+
+
+cdef struct PlainRow:          # a plain generation row (one per beam): the newest token of a beam
+    const int32_t* src         # the token
+    PyObject* src_owner        # its storage, held like SeqSpec.src_owner
+    int64_t request_id
+    int32_t pos0               # the row's position (the longest beam's newest)
+    int32_t prompt_len
+    int32_t meta_index
 
 cdef struct SeenEntry:         # one slot of the duplicate-id hash set
     int64_t request_id
@@ -87,20 +96,6 @@ cdef inline void emit_seq(const SeqSpec* spec, Outputs* out, Py_ssize_t* counter
     cdef int32_t* ids = out.input_ids + row
     cdef int32_t* positions = out.position_ids + row
     cdef int32_t pos0 = <int32_t>spec.pos0
-    if spec.kind == KIND_PLAIN:  # the decode row (most rows of most steps): one token, no drafts
-        debug_assert(row < out.cap_tokens and seq < out.cap_seqs and counters[2] < out.cap_gather)
-        ids[0] = spec.src[0]
-        positions[0] = pos0
-        out.gather_ids[counters[2]] = <int32_t>row
-        counters[2] += 1
-        out.seq_lens[seq] = 1
-        out.num_cached_tokens[seq] = pos0
-        out.prompt_lens[seq] = spec.prompt_len
-        out.request_ids[seq] = spec.request_id
-        out.cu_seqlens[seq + 1] = <int32_t>(row + 1)
-        counters[0] = row + 1
-        counters[1] = seq + 1
-        return
     debug_assert(row + spec.seq_len <= out.cap_tokens and seq < out.cap_seqs)
     debug_assert(counters[3] + spec.ndraft <= out.cap_drafts)
     debug_assert(counters[2] + (spec.seq_len if spec.gather == GATHER_ALL else 1) <= out.cap_gather)
@@ -146,17 +141,43 @@ cdef inline void emit(const SeqSpec* specs, Py_ssize_t index, Outputs* out, Py_s
     cdef Py_ssize_t row = counters[0], seq = counters[1]
     emit_seq(&specs[index], out, counters)
     if meta is not None:
-        meta.write_sequence(index, specs[index].pos0, specs[index].seq_len, row, seq)
+        meta.write_sequence(specs[index].meta_index, specs[index].pos0, specs[index].seq_len, row, seq)
 
 
-cdef void fill_rows(const SeqSpec* specs, Py_ssize_t num_context, Py_ssize_t generation_end,
-                    Py_ssize_t first_draft_end, Py_ssize_t device_end, Py_ssize_t num_padding,
-                    bint any_drafts, Outputs* out, AttentionMetadata meta) noexcept nogil:
+cdef void emit_plain_rows(const PlainRow* rows, Py_ssize_t count, Outputs* out, Py_ssize_t* counters,
+                          AttentionMetadata meta) noexcept nogil:
+    """The plain generation rows: one token, one row, one sequence each."""
+    cdef Py_ssize_t row = counters[0], seq = counters[1], gather = counters[2], index
+    cdef const PlainRow* plain
+    debug_assert(row + count <= out.cap_tokens and seq + count <= out.cap_seqs and gather + count <= out.cap_gather)
+    for index in range(count):
+        plain = &rows[index]
+        out.input_ids[row] = plain.src[0]
+        out.position_ids[row] = plain.pos0
+        out.gather_ids[gather] = <int32_t>row
+        out.seq_lens[seq] = 1
+        out.num_cached_tokens[seq] = plain.pos0
+        out.prompt_lens[seq] = plain.prompt_len
+        out.request_ids[seq] = plain.request_id
+        out.cu_seqlens[seq + 1] = <int32_t>(row + 1)
+        if meta is not None:
+            meta.write_sequence(plain.meta_index, plain.pos0, 1, row, seq)
+        row += 1
+        seq += 1
+        gather += 1
+    counters[0] = row
+    counters[1] = seq
+    counters[2] = gather
+
+
+cdef void fill_rows(const SeqSpec* specs, Py_ssize_t first_draft_end, Py_ssize_t device_end, const PlainRow* plain,
+                    Py_ssize_t num_plain, Py_ssize_t num_padding, Outputs* out,
+                    AttentionMetadata meta) noexcept nogil:
     """Pass 2: the rows in output order (context chunks, generation rows with drafts,
     first drafts, plain generation rows, device-token rows, padding). specs holds, in
-    call order, the context sequences [0, num_context), the generation sequences (draft
-    and plain mixed) up to generation_end, the first-draft ones up to first_draft_end,
-    the device ones after; ``any_drafts``: some generation sequence has drafts.
+    call order, the context sequences, the generation sequences with drafts and the
+    first-draft ones up to first_draft_end, the device ones after; ``plain`` the plain
+    generation rows, in call order.
     ``meta``: None, or the attention metadata to write in the same sweep."""
     cdef Py_ssize_t counters[6]
     cdef Py_ssize_t index, row, seq
@@ -164,17 +185,9 @@ cdef void fill_rows(const SeqSpec* specs, Py_ssize_t num_context, Py_ssize_t gen
     out.cu_seqlens[0] = 0
     if meta is not None:
         meta.start_write()
-    for index in range(num_context):
+    for index in range(first_draft_end):  # context chunks, generation with drafts, first drafts
         emit(specs, index, out, counters, meta)
-    if any_drafts:
-        for index in range(num_context, generation_end):
-            if specs[index].kind == KIND_DRAFT:
-                emit(specs, index, out, counters, meta)
-    for index in range(generation_end, first_draft_end):
-        emit(specs, index, out, counters, meta)
-    for index in range(num_context, generation_end):
-        if specs[index].kind == KIND_PLAIN:
-            emit(specs, index, out, counters, meta)
+    emit_plain_rows(plain, num_plain, out, counters, meta)
     for index in range(first_draft_end, device_end):
         emit(specs, index, out, counters, meta)
     row = counters[0]
@@ -228,6 +241,7 @@ cdef inline int set_spec(SeqSpec* spec, Request request, Int32Buffer source, Py_
     spec.slot = <int32_t>request._seq_slot if kind == KIND_DEVICE else -1
     spec.gather = gather
     spec.kind = kind
+    spec.meta_index = -1
 
 
 cdef inline int check_copy(Request request, Int32Buffer source, Py_ssize_t begin, Py_ssize_t ncopy) except -1:
@@ -235,8 +249,14 @@ cdef inline int check_copy(Request request, Int32Buffer source, Py_ssize_t begin
     state the request is in (cheap: a few compares per sequence)."""
     if source is not None and (begin < 0 or ncopy < 0 or begin > source.size - ncopy
                                or source.size > source.capacity):
-        _checks.outside_buffer(request._request_id, begin, ncopy, source.size)
+        return outside_buffer(request, source, begin, ncopy)
     return 0
+
+
+cdef int outside_buffer(Request request, Int32Buffer source, Py_ssize_t begin, Py_ssize_t ncopy) except -1:
+    """check_copy's error, out of line: the inline check stays a few instructions."""
+    _checks.outside_buffer(request._request_id, begin, ncopy, source.size)
+    return -1
 
 
 @cython.final
@@ -251,11 +271,13 @@ cdef class InputWriter:
 
     cdef SeqSpec* _specs
     cdef Py_ssize_t _capacity
+    cdef PlainRow* _plain
+    cdef Py_ssize_t _plain_capacity, _num_plain
     cdef SeenEntry* _seen_ids           # the request ids of the plan (open addressing)
     cdef Py_ssize_t _seen_capacity
     cdef int64_t _seen_stamp            # bumped per plan: no clearing between plans
     # the planned batch
-    cdef Py_ssize_t _num_specs, _num_context, _generation_end, _first_draft_end
+    cdef Py_ssize_t _num_specs, _num_context, _first_draft_end
     cdef Py_ssize_t _num_padding, _num_context_tokens, _num_tokens, _num_gather
     cdef Py_ssize_t _num_draft_tokens, _num_draft_requests, _num_device, _device_row_start
     cdef bint _planned, _busy
@@ -274,6 +296,9 @@ cdef class InputWriter:
     def __cinit__(self):
         self._specs = NULL
         self._capacity = 0
+        self._plain = NULL
+        self._plain_capacity = 0
+        self._num_plain = 0
         self._seen_ids = NULL
         self._seen_capacity = 0
         self._seen_stamp = 0
@@ -293,6 +318,7 @@ cdef class InputWriter:
     def __dealloc__(self):
         self._release()
         free(self._specs)
+        free(self._plain)
         free(self._seen_ids)
 
     # ------------------------------------------------------------------ outputs
@@ -381,8 +407,11 @@ cdef class InputWriter:
             for index in range(self._num_specs):
                 Py_XDECREF(self._specs[index].src_owner)
                 Py_XDECREF(self._specs[index].draft_owner)
+            for index in range(self._num_plain):
+                Py_XDECREF(self._plain[index].src_owner)
         self._owns_refs = False
         self._num_specs = 0
+        self._num_plain = 0
         if self._meta is not None:
             self._meta.release()
             self._meta = None
@@ -399,14 +428,46 @@ cdef class InputWriter:
         for index in range(self._num_specs):
             Py_XINCREF(self._specs[index].src_owner)
             Py_XINCREF(self._specs[index].draft_owner)
+        for index in range(self._num_plain):
+            Py_XINCREF(self._plain[index].src_owner)
         self._owns_refs = True
         if self._meta is not None:
             self._meta.take_refs()
 
-    cdef inline SeqSpec* _add(self, Py_ssize_t extra_beams) except NULL:
-        if self._num_specs + 1 + extra_beams > self._capacity:
-            self._grow(self._num_specs + 1 + extra_beams)
+    cdef inline SeqSpec* _add(self) except NULL:
+        if self._num_specs >= self._capacity:
+            self._grow(self._num_specs + 1)
         return &self._specs[self._num_specs]
+
+    cdef int _grow_plain(self, Py_ssize_t needed) except -1:
+        cdef Py_ssize_t capacity = self._plain_capacity
+        cdef PlainRow* grown
+        if needed <= capacity:
+            return 0
+        capacity = max(needed, capacity * 2, 64)
+        grown = <PlainRow*>realloc(self._plain, capacity * sizeof(PlainRow))
+        if grown == NULL:
+            raise MemoryError()
+        self._plain = grown
+        self._plain_capacity = capacity
+        return 0
+
+    cdef inline void _add_plain(self, Int32Buffer buffer, Request request, Py_ssize_t pos0, int32_t meta_index,
+                                bint own) noexcept:
+        """One plain row: the newest token of ``buffer`` (a beam of ``request``) at ``pos0``.
+        The caller has checked the buffer (1 <= size <= capacity) and grown the rows."""
+        cdef PlainRow* row
+        debug_assert(self._num_plain < self._plain_capacity and buffer.size >= 1 and buffer.size <= buffer.capacity)
+        row = &self._plain[self._num_plain]
+        row.src = buffer.data + buffer.size - 1
+        row.src_owner = <PyObject*>buffer.storage
+        if own:
+            Py_INCREF(buffer.storage)
+        row.request_id = request._request_id
+        row.pos0 = <int32_t>pos0
+        row.prompt_len = <int32_t>request._prompt_len
+        row.meta_index = meta_index
+        self._num_plain += 1
 
     # ------------------------------------------------------------------ pass 1
     cdef int _plan(self, object context_requests, object generation_requests, object first_draft_requests,
@@ -434,7 +495,8 @@ cdef class InputWriter:
         self._batch = (contexts, generations, first_drafts, devices)
         self._owns_refs = own
         self._reset_seen(len(contexts) + len(generations) + len(first_drafts) + len(devices))
-        self._grow(len(contexts) + len(generations) + len(first_drafts) + len(devices))
+        self._grow(len(contexts) + len(first_drafts) + len(devices))
+        self._grow_plain(len(generations))
         if block_sizes is not None:
             if self._metadata is None:
                 _checks.metadata_not_bound()
@@ -466,10 +528,11 @@ cdef class InputWriter:
                     _checks.empty_chunk(request._request_id)
                 if start + chunk > request._prompt_len:
                     _checks.chunk_past_prompt(request._request_id, start, chunk, request._prompt_len)
-                set_spec(self._add(0), request, request._beam0, start, chunk, chunk, start, GATHER_LAST, KIND_CONTEXT,
-                         own)
+                spec = self._add()
+                set_spec(spec, request, request._beam0, start, chunk, chunk, start, GATHER_LAST, KIND_CONTEXT, own)
                 self._num_specs += 1
                 if meta is not None:
+                    spec.meta_index = <int32_t>meta.num_planned
                     meta.plan_sequence(request, start, chunk)
                 self._num_context_tokens += chunk
                 self._num_gather += 1
@@ -495,9 +558,11 @@ cdef class InputWriter:
                     n = buffer.size
                     if n == 0:
                         _checks.no_tokens(_checks.GENERATION, request._request_id, 0)
-                    set_spec(self._add(0), request, buffer, n - 1, 1, 1 + k, n - 1, GATHER_ALL, KIND_DRAFT, own)
+                    spec = self._add()
+                    set_spec(spec, request, buffer, n - 1, 1, 1 + k, n - 1, GATHER_ALL, KIND_DRAFT, own)
                     self._num_specs += 1
                     if meta is not None:
+                        spec.meta_index = <int32_t>meta.num_planned
                         meta.plan_sequence(request, n - 1, 1 + k)
                     self._num_tokens += 1 + k
                     self._num_gather += 1 + k
@@ -508,9 +573,12 @@ cdef class InputWriter:
                     n = buffer.size
                     if n == 0:
                         _checks.no_tokens(_checks.GENERATION, request._request_id, 0)
-                    set_spec(self._add(0), request, buffer, n - 1, 1, 1, n - 1, GATHER_LAST, KIND_PLAIN, own)
-                    self._num_specs += 1
-                    if meta is not None:
+                    if n > buffer.capacity:  # the loop-boundary re-check (check_copy)
+                        outside_buffer(request, buffer, n - 1, 1)
+                    if meta is None:
+                        self._add_plain(buffer, request, n - 1, -1, own)
+                    else:
+                        self._add_plain(buffer, request, n - 1, <int32_t>meta.num_planned, own)
                         meta.plan_sequence(request, n - 1, 1)
                     self._num_tokens += 1
                     self._num_gather += 1
@@ -526,16 +594,14 @@ cdef class InputWriter:
                             _checks.no_tokens(_checks.GENERATION, request._request_id, beam)
                         if buffer.size > n:
                             n = buffer.size
-                    self._add(request._beam_width - 1)
+                    self._grow_plain(self._num_plain + request._beam_width)
                     for beam in range(request._beam_width):
                         buffer = <Int32Buffer>request._beams[beam]
-                        set_spec(&self._specs[self._num_specs], request, buffer, buffer.size - 1, 1, 1, n - 1,
-                                 GATHER_LAST, KIND_PLAIN, own)
-                        self._num_specs += 1
+                        check_copy(request, buffer, buffer.size - 1, 1)
+                        self._add_plain(buffer, request, n - 1, -1, own)
                     self._num_tokens += request._beam_width
                     self._num_gather += request._beam_width
                 index += 1
-            self._generation_end = self._num_specs
             # first-draft requests: tokens [s, n), s = max(0, n - M - 1)
             index = 0
             for item in first_drafts:
@@ -555,10 +621,11 @@ cdef class InputWriter:
                 start = n - max_draft_len - 1
                 if start < 0:
                     start = 0
-                set_spec(self._add(0), request, buffer, start, n - start, n - start, start, GATHER_LAST,
-                         KIND_FIRST_DRAFT, own)
+                spec = self._add()
+                set_spec(spec, request, buffer, start, n - start, n - start, start, GATHER_LAST, KIND_FIRST_DRAFT, own)
                 self._num_specs += 1
                 if meta is not None:
+                    spec.meta_index = <int32_t>meta.num_planned
                     meta.plan_sequence(request, start, n - start)
                 self._num_tokens += n - start
                 self._num_gather += 1
@@ -581,15 +648,17 @@ cdef class InputWriter:
                 if request._seq_slot == NO_SLOT:
                     _checks.missing_slot(request._request_id)
                 n = request._beam0.size
-                set_spec(self._add(0), request, None, 0, 0, 1, n, GATHER_LAST, KIND_DEVICE, own)
+                spec = self._add()
+                set_spec(spec, request, None, 0, 0, 1, n, GATHER_LAST, KIND_DEVICE, own)
                 self._num_specs += 1
                 if meta is not None:
+                    spec.meta_index = <int32_t>meta.num_planned
                     meta.plan_sequence(request, n, 1)
                 self._num_device += 1
                 self._num_gather += 1
                 index += 1
             # padding up to a CUDA-graph batch size (decode-only batches)
-            num_sequences = self._num_specs
+            num_sequences = self._num_specs + self._num_plain
             self._num_padding = 0
             if batch_sizes is not None and self._num_context == 0 and len(first_drafts) == 0:
                 best = -1
@@ -622,13 +691,13 @@ cdef class InputWriter:
                        max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, True)
         finally:
             self._busy = False
-        return (self._num_tokens, self._num_gather, self._num_specs + self._num_padding,
+        return (self._num_tokens, self._num_gather, self._num_specs + self._num_plain + self._num_padding,
                 self._num_draft_tokens, self._num_draft_requests, self._num_device)
 
     # ------------------------------------------------------------------ pass 2
     cdef void _fill(self) noexcept nogil:
-        fill_rows(self._specs, self._num_context, self._generation_end, self._first_draft_end,
-                  self._num_specs, self._num_padding, self._num_draft_requests > 0, &self._out, self._meta)
+        fill_rows(self._specs, self._first_draft_end, self._num_specs, self._plain, self._num_plain, self._num_padding,
+                  &self._out, self._meta)
         if self._meta is not None and self._meta.has_device_table:
             self._meta.write_deltas(self._num_tokens)
 
@@ -639,7 +708,7 @@ cdef class InputWriter:
         if self._arrays is None:
             self._release()
             _checks.not_bound()
-        padded = self._num_specs + self._num_padding
+        padded = self._num_specs + self._num_plain + self._num_padding
         try:
             if self._num_tokens > self._cap_tokens:
                 _checks.over_capacity("token rows", self._num_tokens, self._cap_tokens)
@@ -668,7 +737,7 @@ cdef class InputWriter:
             else:  # small: releasing the GIL would cost more than the write
                 self._fill()
         finally:
-            num_sequences = self._num_specs
+            num_sequences = self._num_specs + self._num_plain
             self._release()
         return (
             self._num_context,                                                  # num_context_requests
