@@ -26,5 +26,6 @@ include "_core_buffer.pxi"
 include "_core_request.pxi"
 
 include "_core_metadata.pxi"
+include "_core_rows.pxi"
 include "_core_prepare.pxi"
 include "_core_report.pxi"
