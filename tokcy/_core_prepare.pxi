@@ -17,6 +17,7 @@
 # GIL stays held; before a large write releases it, _take_refs() takes the references.
 
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF, Py_XINCREF
+from cpython.sequence cimport PySequence_Fast_ITEMS
 from libc.stdlib cimport calloc, free, realloc
 from libc.stdint cimport uint64_t
 
@@ -48,6 +49,9 @@ cdef class InputWriter:
     cdef SeenEntry* _seen_ids           # the request ids of the plan (open addressing)
     cdef Py_ssize_t _seen_capacity
     cdef int64_t _seen_stamp            # bumped per plan: no clearing between plans
+    cdef bint _seen_hashing             # False while the plan's ids have only increased
+    cdef bint _seen_any
+    cdef int64_t _seen_last             # the largest id so far, while not hashing
     # the planned batch
     cdef Py_ssize_t _num_specs, _num_context, _first_draft_end
     cdef Py_ssize_t _num_padding, _num_context_tokens, _num_tokens, _num_gather
@@ -156,10 +160,34 @@ cdef class InputWriter:
             self._seen_ids = grown
             self._seen_capacity = capacity
         self._seen_stamp += 1
+        self._seen_hashing = False
+        self._seen_any = False
         return 0
 
     cdef inline bint _seen(self, int64_t key) noexcept:
-        """Insert key; True if it was already there."""
+        """Insert key; True if it was already there. While the ids come in increasing order
+        (the usual batch) a new one is larger than all before it: no hash probe. The first
+        id out of order fills the hash set with the ids planned so far, then probes."""
+        if not self._seen_hashing:
+            if not self._seen_any or key > self._seen_last:
+                self._seen_any = True
+                self._seen_last = key
+                return False
+            self._start_hashing()
+        return self._probe_seen(key)
+
+    cdef void _start_hashing(self) noexcept:
+        """Insert every id the plan holds (each planned sequence's; a request's beam rows
+        share one) into the hash set."""
+        cdef Py_ssize_t index
+        self._seen_hashing = True
+        for index in range(self._num_specs):
+            self._probe_seen(self._specs[index].request_id)
+        for index in range(self._num_plain):
+            self._probe_seen(self._plain[index].request_id)
+
+    cdef inline bint _probe_seen(self, int64_t key) noexcept:
+        """The hash set: insert key; True if it was already there."""
         cdef Py_ssize_t mask = self._seen_capacity - 1
         cdef uint64_t h = (<uint64_t>key) * <uint64_t>0x9E3779B97F4A7C15
         cdef Py_ssize_t index = <Py_ssize_t>(h >> 32) & mask
@@ -243,6 +271,43 @@ cdef class InputWriter:
         row.meta_index = meta_index
         self._num_plain += 1
 
+    cdef Py_ssize_t _plan_decode_rows(self, PyObject** items, Py_ssize_t index, Py_ssize_t count,
+                                      bint own) noexcept:
+        """Plan the plain decode rows (an exact Request in generation, one beam with tokens,
+        no drafts, a new id) of ``items`` from ``index`` on; return the index of the first
+        request that is anything else, which the general loop then plans or refuses with
+        its error. The requests are read through borrowed pointers (the plan holds the
+        batch, and no Python code runs), and nothing is inserted for the one it stops at."""
+        cdef PyObject* item
+        cdef PyObject* buffer
+        cdef PlainRow* row
+        cdef Py_ssize_t n, start = index
+        while index < count and self._num_plain < self._plain_capacity:
+            item = items[index]
+            if <void*>item.ob_type != <void*>Request:
+                break
+            if ((<Request>item)._state_code != 1 or (<Request>item)._beam_width != 1
+                    or (<Request>item)._draft_tokens.size != 0):
+                break
+            buffer = <PyObject*>(<Request>item)._beam0
+            n = (<Int32Buffer>buffer).size
+            if n == 0 or n > (<Int32Buffer>buffer).capacity or self._seen((<Request>item)._request_id):
+                break
+            row = &self._plain[self._num_plain]
+            row.src = (<Int32Buffer>buffer).data + n - 1
+            row.src_owner = <PyObject*>(<Int32Buffer>buffer).storage
+            if own:
+                Py_INCREF(<object>row.src_owner)
+            row.request_id = (<Request>item)._request_id
+            row.pos0 = <int32_t>(n - 1)
+            row.prompt_len = <int32_t>(<Request>item)._prompt_len
+            row.meta_index = -1
+            self._num_plain += 1
+            index += 1
+        self._num_tokens += index - start
+        self._num_gather += index - start
+        return index
+
     # ------------------------------------------------------------------ pass 1
     cdef int _plan(self, object context_requests, object generation_requests, object first_draft_requests,
                    object device_token_requests, Py_ssize_t max_draft_len, object cuda_graph_batch_sizes,
@@ -254,8 +319,9 @@ cdef class InputWriter:
         cdef AttentionMetadata meta = None
         cdef Int32Buffer buffer
         cdef SeqSpec* spec
-        cdef Py_ssize_t index, beam, n, start, chunk, k, num_sequences, best, size
+        cdef Py_ssize_t index, beam, n, start, chunk, k, num_sequences, best, size, count
         cdef object item
+        cdef PyObject** items
         self._release()
         if max_draft_len < 0:
             _checks.negative_limit("max_draft_len", max_draft_len)
@@ -312,9 +378,14 @@ cdef class InputWriter:
                 self._num_gather += 1
                 index += 1
             self._num_context = self._num_specs
-            # generation: with drafts (one sequence of 1 + k rows) or plain (a row per beam)
-            index = 0
-            for item in generations:
+            # generation: with drafts (one sequence of 1 + k rows) or plain (a row per beam);
+            # runs of plain decode rows take _plan_decode_rows, every other request the checks
+            # below (which also refuse, with the error, what that fast path stops at)
+            items = PySequence_Fast_ITEMS(generations)
+            count = len(generations)
+            index = 0 if meta is not None else self._plan_decode_rows(items, 0, count, own)
+            while index < count:
+                item = <object>items[index]
                 if not isinstance(item, Request):
                     _checks.not_a_request(_checks.GENERATION, index, item)
                 request = <Request>item
@@ -376,6 +447,8 @@ cdef class InputWriter:
                     self._num_tokens += request._beam_width
                     self._num_gather += request._beam_width
                 index += 1
+                if meta is None:
+                    index = self._plan_decode_rows(items, index, count, own)
             # first-draft requests: tokens [s, n), s = max(0, n - M - 1)
             index = 0
             for item in first_drafts:
