@@ -271,17 +271,18 @@ cdef class InputWriter:
         row.meta_index = meta_index
         self._num_plain += 1
 
-    cdef Py_ssize_t _plan_decode_rows(self, PyObject** items, Py_ssize_t index, Py_ssize_t count,
-                                      bint own) noexcept:
+    cdef Py_ssize_t _plan_decode_rows(self, PyObject** items, Py_ssize_t index, Py_ssize_t count, bint own,
+                                      AttentionMetadata meta) except -1:
         """Plan the plain decode rows (an exact Request in generation, one beam with tokens,
         no drafts, a new id) of ``items`` from ``index`` on; return the index of the first
         request that is anything else, which the general loop then plans or refuses with
         its error. The requests are read through borrowed pointers (the plan holds the
-        batch, and no Python code runs), and nothing is inserted for the one it stops at."""
+        batch, and no Python code runs), and nothing is inserted for the one it stops at.
+        With ``meta``, each row's attention metadata is planned too (its errors raise)."""
         cdef PyObject* item
         cdef PyObject* buffer
         cdef PlainRow* row
-        cdef Py_ssize_t n, start = index
+        cdef Py_ssize_t n
         while index < count and self._num_plain < self._plain_capacity:
             item = items[index]
             if <void*>item.ob_type != <void*>Request:
@@ -303,9 +304,12 @@ cdef class InputWriter:
             row.prompt_len = <int32_t>(<Request>item)._prompt_len
             row.meta_index = -1
             self._num_plain += 1
+            self._num_tokens += 1
+            self._num_gather += 1
             index += 1
-        self._num_tokens += index - start
-        self._num_gather += index - start
+            if meta is not None:
+                row.meta_index = <int32_t>meta.num_planned
+                meta.plan_sequence(<Request>item, n - 1, 1)
         return index
 
     # ------------------------------------------------------------------ pass 1
@@ -383,7 +387,7 @@ cdef class InputWriter:
             # below (which also refuse, with the error, what that fast path stops at)
             items = PySequence_Fast_ITEMS(generations)
             count = len(generations)
-            index = 0 if meta is not None else self._plan_decode_rows(items, 0, count, own)
+            index = self._plan_decode_rows(items, 0, count, own, meta)
             while index < count:
                 item = <object>items[index]
                 if not isinstance(item, Request):
@@ -446,9 +450,7 @@ cdef class InputWriter:
                         self._add_plain(buffer, request, n - 1, -1, own)
                     self._num_tokens += request._beam_width
                     self._num_gather += request._beam_width
-                index += 1
-                if meta is None:
-                    index = self._plan_decode_rows(items, index, count, own)
+                index = self._plan_decode_rows(items, index + 1, count, own, meta)
             # first-draft requests: tokens [s, n), s = max(0, n - M - 1)
             index = 0
             for item in first_drafts:
