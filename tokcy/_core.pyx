@@ -27,4 +27,5 @@ include "_core_request.pxi"
 
 include "_core_metadata.pxi"
 include "_core_prepare.pxi"
+include "_core_report_output.pxi"
 include "_core_report.pxi"

@@ -199,6 +199,9 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     cdef Int32Buffer _draft_tokens
     cdef tuple _block_tables
     cdef Py_ssize_t _num_pauses      # bumped by pause(): the connector then reports anew
+    # the connector's report slot for this request, a hint only: a ReportState uses it when
+    # its slot of that number is live and holds this request id (else it probes its table)
+    cdef Py_ssize_t _report_slot
 
     def __cinit__(self, *args, **kwargs):
         # One empty beam until __init__ runs, so that even an object whose __init__ was
@@ -212,6 +215,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._max_new_tokens = NO_LIMIT
         self._draft_tokens = Int32Buffer()
         self._block_tables = ()
+        self._report_slot = -1
 
     @cython.embedsignature(False)  # the class docstring carries the signature for inspect/help
     def __init__(self, request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1):

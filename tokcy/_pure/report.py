@@ -69,12 +69,15 @@ class ReportState:
         self._busy = False  # a build() is running (the compiled twin releases the GIL in it)
 
     def build(self, context_requests, generation_requests, device_token_requests=()):
-        """Report one iteration; returns the columnar arrays (see tokcy.connector.SchedulerOutput)."""
+        """Report one iteration; returns (number of context rows, the columnar arrays in
+        ``tokcy.connector.SchedulerOutput``'s order, as a tuple)."""
         if self._busy:
             checks.busy()
         self._busy = True
         try:
-            return self._build(list(context_requests), list(generation_requests), list(device_token_requests))
+            context_requests = list(context_requests)
+            return len(context_requests), self._build(context_requests, list(generation_requests),
+                                                      list(device_token_requests))
         finally:
             self._busy = False
 

@@ -7,6 +7,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 
+COLUMNS = (
+    "request_ids", "is_new", "computed_positions", "num_scheduled_tokens", "num_replaced_tokens", "token_offsets",
+    "tokens", "group_offsets", "block_offsets", "block_ids", "num_replaced_blocks", "num_released_blocks",
+)
+"""``SchedulerOutput``'s columns, in the order of its constructor's arguments."""
+
+
 class SchedulerOutput:
     """One iteration's report, columnar. Rows: context requests, then generation requests,
     then device-token requests, in the order given. Every column is a public numpy array:
@@ -20,9 +27,17 @@ class SchedulerOutput:
       ``block_ids[block_offsets[s]:block_offsets[s + 1]]`` (int32, flat), and
       ``num_replaced_blocks[s]`` / ``num_released_blocks[s]`` (int64) go with it.
 
+    The arrays are this report's own: nothing writes to them after the call, for as long
+    as anyone holds the output, a column or a view of one. (The compiled backend writes a
+    report into arrays it keeps, reusing them for a later report only once nothing
+    references them any more; it makes the column arrays on their first read.)
+
     ``new_requests`` and ``cached_requests`` are lists of ``RequestData`` built on first
     access; ``num_context_requests`` rows come first.
     """
+
+    __slots__ = ("num_context_requests", *COLUMNS, "_source", "_all_rows", "_new_requests", "_cached_requests",
+                 "__weakref__")
 
     def __init__(
         self,
@@ -41,27 +56,32 @@ class SchedulerOutput:
         num_released_blocks,
     ):
         self.num_context_requests = num_context_requests
-        self.request_ids = request_ids
-        self.is_new = is_new
-        self.computed_positions = computed_positions
-        self.num_scheduled_tokens = num_scheduled_tokens
-        self.num_replaced_tokens = num_replaced_tokens
-        self.token_offsets = token_offsets
-        self.tokens = tokens
-        self.group_offsets = group_offsets
-        self.block_offsets = block_offsets
-        self.block_ids = block_ids
-        self.num_replaced_blocks = num_replaced_blocks
-        self.num_released_blocks = num_released_blocks
-        self._new_requests = None
-        self._cached_requests = None
-        self._all_rows = None
+        self._source = (
+            request_ids, is_new, computed_positions, num_scheduled_tokens, num_replaced_tokens, token_offsets, tokens,
+            group_offsets, block_offsets, block_ids, num_replaced_blocks, num_released_blocks,
+        )
 
-    def _rows(self):
-        """Every row's ``RequestData``, in row order, built on first use (see ``RequestData``)."""
-        if self._all_rows is None:
-            self._all_rows = _build_rows(self)
-        return self._all_rows
+    def __getattr__(self, name):
+        # reached only for a slot not set yet: a column (all are set from the backend's
+        # report on the first read of any) or a list of RequestData (made on first use)
+        if name in _COLUMN_SLOTS:
+            source = self._source
+            for column, array in zip(_COLUMN_SLOTS.values(), source if type(source) is tuple else source.arrays()):
+                column.__set__(self, array)
+            return _COLUMN_SLOTS[name].__get__(self)
+        if name == "_all_rows":
+            self._all_rows = rows = _build_rows(self)
+            return rows
+        if name == "_new_requests":
+            self._new_requests = rows = list(compress(self._all_rows, self.is_new.tolist()))
+            return rows
+        if name == "_cached_requests":
+            self._cached_requests = rows = list(compress(self._all_rows, (~self.is_new).tolist()))
+            return rows
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __reduce__(self):
+        return type(self), (self.num_context_requests, *(getattr(self, name) for name in COLUMNS))
 
     def __len__(self):
         return len(self.request_ids)
@@ -70,25 +90,21 @@ class SchedulerOutput:
         """``RequestData`` for one row."""
         if not 0 <= row < len(self.request_ids):
             raise IndexError(f"row {row} is out of range for {len(self.request_ids)} scheduled requests")
-        return self._rows()[row]
+        return self._all_rows[row]
 
     @property
     def requests(self):
         """``RequestData`` for every row, in row order (a new list)."""
-        return list(self._rows())
+        return list(self._all_rows)
 
     @property
     def new_requests(self):
         """``RequestData`` of the rows reported as new (first report, or after reset / pause)."""
-        if self._new_requests is None:
-            self._new_requests = list(compress(self._rows(), self.is_new.tolist()))
         return self._new_requests
 
     @property
     def cached_requests(self):
         """``RequestData`` of the rows reported as deltas."""
-        if self._cached_requests is None:
-            self._cached_requests = list(compress(self._rows(), (~self.is_new).tolist()))
         return self._cached_requests
 
     @property
@@ -106,6 +122,18 @@ class SchedulerOutput:
             f"{type(self).__name__}(new={int(self.is_new.sum())}, cached={int((~self.is_new).sum())}, "
             f"tokens={len(self.tokens)}, blocks={len(self.block_ids)})"
         )
+
+
+_COLUMN_SLOTS = {name: SchedulerOutput.__dict__[name] for name in COLUMNS}  # name -> its slot descriptor
+_new_object = object.__new__
+
+
+def from_report(report):
+    """The ``SchedulerOutput`` of a backend's ``ReportState.build`` result: (number of
+    context rows, the columns: a tuple of arrays, or an object whose ``arrays()`` makes them)."""
+    output = _new_object(SchedulerOutput)
+    output.num_context_requests, output._source = report
+    return output
 
 
 class _Columns:
