@@ -37,11 +37,17 @@
 #   (the report shows it as at plan time), never a use-after-free.
 # * Errors: tokcy/_report_checks.py, shared with the pure twin.
 
+from cpython.list cimport PyList_GET_ITEM
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc, realloc
 
 from tokcy import _report_checks
+
+cdef extern from "Python.h":
+    # on borrowed pointers (an object argument would add and drop a reference per call)
+    PyObject* tuple_item "PyTuple_GET_ITEM"(PyObject* tuple, Py_ssize_t index)
+    Py_ssize_t tuple_size "PyTuple_GET_SIZE"(PyObject* tuple)
 
 
 cdef struct ReportSlot:
@@ -127,9 +133,12 @@ cdef inline list as_list(object requests):
     return <list>requests if type(requests) is list else list(requests)
 
 
-cdef inline int check_span(int64_t request_id, Py_ssize_t begin, Py_ssize_t end, Int32Buffer buffer) except -1:
-    if begin < 0 or begin > end or end > buffer.size or buffer.size > buffer.capacity:
-        _report_checks.outside_buffer(request_id, begin, end, buffer.size)
+cdef inline int check_span(int64_t request_id, Py_ssize_t begin, Py_ssize_t end, Py_ssize_t size,
+                           Py_ssize_t capacity) except -1:
+    """The loop-boundary check of one planned copy: it lies inside its buffer (``size``
+    entries of ``capacity``), whatever state the buffer's counters were in."""
+    if begin < 0 or begin > end or end > size or size > capacity:
+        _report_checks.outside_buffer(request_id, begin, end, size)
     return 0
 
 
@@ -360,6 +369,99 @@ cdef class ReportState:
             self._hold_buffer(part.buffer, part.end > part.begin)
         return 0
 
+    # ------------------------------------------------------------------ pass 1, one row
+    cdef inline Py_ssize_t _slot_of(self, Request request, Py_ssize_t* num_fresh) except -1:
+        """The request's slot: its hint if valid, else the table's (a fresh one, undone if the
+        call fails, for an id not seen yet); the hint is updated."""
+        cdef Py_ssize_t number = request._report_slot
+        if 0 <= number < self.num_slots_used and self.slots[number].live and \
+                self.slots[number].request_id == request._request_id:
+            return number
+        number = self._find(request._request_id)
+        if number == NO_ENTRY:
+            number = self._insert(request._request_id)
+            self.fresh[num_fresh[0]] = number
+            num_fresh[0] += 1
+        request._report_slot = number
+        return number
+
+    cdef inline int _plan_row(self, Request request, Py_ssize_t kind, Py_ssize_t number, int64_t stamp,
+                              RowJob* job, Py_ssize_t* total_segments) except -1:
+        """Validate one request and plan its copies (the row's job, its segments' jobs);
+        changes nothing but the slot's stamp. Runs no Python code but to raise."""
+        cdef Py_ssize_t group, num_groups, begin, reported, size, dirty_from
+        cdef ReportSlot* slot = &self.slots[number]
+        cdef PyObject* tables = <PyObject*>request._block_tables  # a tuple (Request's field)
+        cdef PyObject* table
+        cdef SegmentJob* part
+        if request._state_code == 2:
+            _report_checks.finished(request._request_id)
+        if slot.stamp == stamp:
+            _report_checks.duplicate(request._request_id)
+        slot.stamp = stamp
+        num_groups = tuple_size(tables)
+        if slot.num_groups != NEVER_REPORTED and slot.num_groups != num_groups:
+            _report_checks.group_count(request._request_id, num_groups, slot.num_groups)
+        if kind == 0 and slot.matched > request._context_position:
+            _report_checks.matched_past_position(request._request_id, slot.matched, request._context_position)
+        if num_groups > slot.group_capacity:
+            self._reserve_groups(number, num_groups)
+            slot = &self.slots[number]
+        if total_segments[0] + num_groups > self.segment_capacity:
+            self._reserve_segments(total_segments[0] + num_groups)
+        job.slot = number
+        job.request_id = request._request_id
+        job.is_new = not slot.reported or slot.num_pauses != request._num_pauses
+        job.num_pauses = request._num_pauses
+        size = request._beam0.size
+        begin = 0
+        if not job.is_new:
+            dirty_from = request._beam0.dirty_from
+            begin = slot.num_tokens if slot.num_tokens < dirty_from else dirty_from
+            if begin > size:
+                begin = size
+        check_span(job.request_id, begin, size, size, request._beam0.capacity)
+        job.buffer = <PyObject*>request._beam0
+        job.data = request._beam0.data
+        job.dirty = &request._beam0.dirty_from
+        job.begin = begin
+        job.end = size
+        if kind == 0:  # context: the cursor, less connector-matched tokens
+            job.position = request._context_position - slot.matched
+            job.scheduled = request._chunk_size
+        elif kind == 1:  # generation: the newest host token is re-fed
+            job.position = size - 1
+            job.scheduled = 1 + request._draft_tokens.size
+        else:  # device token: the newest token, at position n, is on the device
+            job.position = size
+            job.scheduled = 1
+        job.first_segment = total_segments[0]
+        job.num_groups = num_groups
+        for group in range(num_groups):
+            table = tuple_item(tables, group)
+            if not isinstance(<object>table, BlockTable):  # never, from Request's own code
+                raise TypeError(f"layer group {group} of request {request._request_id} is not a BlockTable")
+            size = (<BlockTable>table)._buffer.size
+            reported = 0
+            begin = 0
+            if not job.is_new:
+                reported = slot.num_blocks[group]
+                dirty_from = (<BlockTable>table)._buffer.dirty_from
+                begin = reported if reported < dirty_from else dirty_from
+                if begin > size:
+                    begin = size
+            check_span(job.request_id, begin, size, size, (<BlockTable>table)._buffer.capacity)
+            part = &self.segments[total_segments[0]]
+            part.buffer = <PyObject*>(<BlockTable>table)._buffer
+            part.data = (<BlockTable>table)._buffer.data
+            part.dirty = &(<BlockTable>table)._buffer.dirty_from
+            part.begin = begin
+            part.end = size
+            part.replaced = reported - begin
+            part.released = (<BlockTable>table)._num_released
+            total_segments[0] += 1
+        return 0
+
     # ------------------------------------------------------------------ public calls
     def build(self, context_requests, generation_requests, device_token_requests=()):
         """Report one iteration; returns (number of context rows, the report's columns: a
@@ -370,14 +472,9 @@ cdef class ReportState:
         cdef Py_ssize_t row = 0, group, number, num_groups, num_fresh = 0
         cdef Py_ssize_t batch, num_context
         cdef Py_ssize_t total_tokens = 0, total_segments = 0, total_blocks = 0
-        cdef Py_ssize_t begin, reported, size
         cdef list items
-        cdef Request request
-        cdef BlockTable table
-        cdef Int32Buffer buffer
+        cdef PyObject* item
         cdef RowJob* job
-        cdef SegmentJob* part
-        cdef ReportSlot* slot
         cdef OutputArena arena = self.arena
         cdef int64_t stamp
         cdef bint release_gil = False
@@ -406,89 +503,17 @@ cdef class ReportState:
                 for kind in range(3):
                     items = <list>groups[kind]
                     for index in range(len(items)):
-                        item = items[index]
-                        if not isinstance(item, Request):
-                            _report_checks.not_a_request(_report_checks.GROUPS[kind], index, item, Request)
-                        request = <Request>item
-                        if request._state_code == 2:
-                            _report_checks.finished(request._request_id)
-                        number = request._report_slot
-                        if not (0 <= number < self.num_slots_used and self.slots[number].live
-                                and self.slots[number].request_id == request._request_id):
-                            number = self._find(request._request_id)
-                            if number == NO_ENTRY:
-                                number = self._insert(request._request_id)
-                                self.fresh[num_fresh] = number
-                                num_fresh += 1
-                            request._report_slot = number
-                        slot = &self.slots[number]
-                        if slot.stamp == stamp:
-                            _report_checks.duplicate(request._request_id)
-                        slot.stamp = stamp
-                        num_groups = len(request._block_tables)
-                        if slot.num_groups != NEVER_REPORTED and slot.num_groups != num_groups:
-                            _report_checks.group_count(request._request_id, num_groups, slot.num_groups)
-                        if kind == 0 and slot.matched > request._context_position:
-                            _report_checks.matched_past_position(
-                                request._request_id, slot.matched, request._context_position
-                            )
-                        if num_groups > slot.group_capacity:
-                            self._reserve_groups(number, num_groups)
-                            slot = &self.slots[number]
-                        if total_segments + num_groups > self.segment_capacity:
-                            self._reserve_segments(total_segments + num_groups)
+                        # borrowed: the list holds the request, the request its buffers and
+                        # tables (no reference count is touched per request)
+                        item = PyList_GET_ITEM(items, index)
+                        if not isinstance(<object>item, Request):
+                            _report_checks.not_a_request(_report_checks.GROUPS[kind], index, <object>item, Request)
+                        number = self._slot_of(<Request>item, &num_fresh)
+                        self._plan_row(<Request>item, kind, number, stamp, &self.rows[row], &total_segments)
                         job = &self.rows[row]
-                        job.slot = number
-                        job.request_id = request._request_id
-                        job.is_new = not slot.reported or slot.num_pauses != request._num_pauses
-                        job.num_pauses = request._num_pauses
-                        buffer = request._beam0
-                        job.buffer = <PyObject*>buffer
-                        size = buffer.size
-                        begin = 0
-                        if not job.is_new:
-                            begin = slot.num_tokens if slot.num_tokens < buffer.dirty_from else buffer.dirty_from
-                            if begin > size:
-                                begin = size
-                        check_span(job.request_id, begin, size, buffer)
-                        job.data = buffer.data
-                        job.dirty = &buffer.dirty_from
-                        job.begin = begin
-                        job.end = size
-                        total_tokens += size - begin
-                        if kind == 0:  # context: the cursor, less connector-matched tokens
-                            job.position = request._context_position - slot.matched
-                            job.scheduled = request._chunk_size
-                        elif kind == 1:  # generation: the newest host token is re-fed
-                            job.position = size - 1
-                            job.scheduled = 1 + request._draft_tokens.size
-                        else:  # device token: the newest token, at position n, is on the device
-                            job.position = size
-                            job.scheduled = 1
-                        job.first_segment = total_segments
-                        job.num_groups = num_groups
-                        for group in range(num_groups):
-                            table = <BlockTable?>request._block_tables[group]
-                            buffer = table._buffer
-                            size = buffer.size
-                            reported = 0
-                            begin = 0
-                            if not job.is_new:
-                                reported = slot.num_blocks[group]
-                                begin = reported if reported < buffer.dirty_from else buffer.dirty_from
-                                if begin > size:
-                                    begin = size
-                            check_span(job.request_id, begin, size, buffer)
-                            part = &self.segments[total_segments]
-                            part.buffer = <PyObject*>buffer
-                            part.data = buffer.data
-                            part.dirty = &buffer.dirty_from
-                            part.begin = begin
-                            part.end = size
-                            part.replaced = reported - begin
-                            part.released = table._num_released
-                            total_segments += 1
-                            total_blocks += size - begin
+                        total_tokens += job.end - job.begin
+                        for group in range(job.first_segment, total_segments):
+                            total_blocks += self.segments[group].end - self.segments[group].begin
                         consume_marks(job, &self.segments[job.first_segment])
                         row += 1
                 # The output goes into the arena's arrays when nothing else references
