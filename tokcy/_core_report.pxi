@@ -489,6 +489,7 @@ cdef class ReportState:
             num_context = len(<list>groups[0])
             batch = num_context + len(<list>groups[1]) + len(<list>groups[2])
             self._reserve_rows(batch)
+            arena.inspect()  # before the plan: this may run Python code (numpy's buffer export)
             self.stamp += 1
             stamp = self.stamp
             try:
@@ -517,7 +518,7 @@ cdef class ReportState:
                         consume_marks(job, &self.segments[job.first_segment])
                         row += 1
                 # The output goes into the arena's arrays when nothing else references
-                # them (no Python code runs to find out). A new array is allocated
+                # them (found before the plan; no Python code runs to claim them). A new array is allocated
                 # otherwise, and an allocation can run the garbage collector, hence Python
                 # code (__del__, gc callbacks) and other threads, which may append to
                 # (reallocate) or drop a request: so first own every buffer a job writes

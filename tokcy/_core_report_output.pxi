@@ -8,8 +8,11 @@
 # reference count is the arena's own: no output, column, view or buffer export of it is
 # alive anywhere, since each of those holds a reference to it), and when it still is the
 # writable, 1-D, contiguous array of its dtype the arena made (a user can reach it through
-# a column's ``base``). So a report's arrays stay valid, and never change, for as long as
-# anyone holds them; a report kept alive only costs the next call a fresh allocation.
+# a column's ``base`` and change it). So a report's arrays stay valid, and never change,
+# for as long as anyone holds them; a report kept alive only costs the next call a fresh
+# allocation. The check runs before the report's plan (numpy's buffer export may run
+# Python code when it refuses); after the plan only sizes are compared, in C, so a report
+# into kept arrays runs no Python code from its first read of a request to its last write.
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release
 
@@ -29,6 +32,11 @@ cdef struct ArenaArray:
     Py_ssize_t capacity        # entries
 
 
+cdef inline void claim_array(ArenaArray* array, Py_ssize_t needed) noexcept nogil:
+    if array.capacity < needed or (array.capacity > ARENA_SHRINK_MIN and 4 * needed < array.capacity):
+        array.data = NULL
+
+
 cdef inline Py_ssize_t int64_entries(Py_ssize_t batch, Py_ssize_t num_segments) noexcept nogil:
     """request_ids, positions, scheduled, replaced_tokens (batch each), token_offsets and
     group_offsets (batch + 1 each), block_offsets (segments + 1), replaced and released
@@ -37,6 +45,7 @@ cdef inline Py_ssize_t int64_entries(Py_ssize_t batch, Py_ssize_t num_segments) 
 
 
 @cython.final
+@cython.auto_pickle(False)  # a SchedulerOutput pickles its columns, never this
 cdef class ReportColumns:
     """The columns of one report, as slices of the arena's arrays (made by ``arrays()``)."""
 
@@ -81,20 +90,23 @@ cdef inline bint same_kind(const char* format, char format_code) noexcept:
     return format[0] in b"bhilq"
 
 
-cdef void* reusable_data(PyObject* array, Py_ssize_t itemsize, char format_code, Py_ssize_t needed) noexcept:
-    """The entries of ``array`` (borrowed from its one holder) if the arena may write
-    ``needed`` of them: nothing else references it and it still is a writable 1-D
-    contiguous array of that item type; NULL otherwise."""
+cdef void* reusable_data(PyObject* array, Py_ssize_t itemsize, char format_code, Py_ssize_t* capacity) noexcept:
+    """The entries of ``array`` (borrowed from its one holder), their number in
+    ``capacity``, if the arena may write into it: nothing else references it and it still
+    is a writable 1-D contiguous array of that item type; NULL otherwise (this may run
+    Python code: numpy raises, then the error is cleared)."""
     cdef Py_buffer view
     cdef void* data = NULL
+    capacity[0] = 0
     if array == <PyObject*>None or reference_count(array) != 1:
         return NULL
     if get_buffer(array, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) != 0:
         PyErr_Clear()
         return NULL
-    if (view.ndim == 1 and view.itemsize == itemsize and view.format != NULL and view.len >= needed * itemsize
-            and view.buf != NULL and same_kind(view.format, format_code)):
+    if (view.ndim == 1 and view.itemsize == itemsize and view.format != NULL and view.buf != NULL
+            and same_kind(view.format, format_code)):
         data = view.buf
+        capacity[0] = view.len // itemsize
     PyBuffer_Release(&view)
     return data
 
@@ -112,22 +124,25 @@ cdef class OutputArena:
     cdef ArenaArray flags
     cdef Py_ssize_t num_allocations    # arrays allocated so far (a counter for tests)
 
-    cdef bint claim(self, Py_ssize_t num_wide, Py_ssize_t num_narrow, Py_ssize_t num_flags) noexcept:
-        """Point wide / narrow / flags at the kept arrays if all three can be reused (no
-        Python code runs here); False if any must be allocated (``allocate``)."""
-        self.wide.data = self._reusable(<PyObject*>self.int64_array, self.wide.capacity, 8, b"i"[0], num_wide)
-        self.narrow.data = self._reusable(<PyObject*>self.int32_array, self.narrow.capacity, 4, b"i"[0], num_narrow)
-        self.flags.data = self._reusable(<PyObject*>self.bool_array, self.flags.capacity, 1, b"?"[0], num_flags)
+    cdef void inspect(self) noexcept:
+        """Before a report's plan: find which kept arrays may be written (see
+        ``reusable_data``). This may run Python code; from here to the end of the copy
+        nothing but ``allocate`` does, so the arrays found stay as they are."""
+        self.wide.data = reusable_data(<PyObject*>self.int64_array, 8, b"i"[0], &self.wide.capacity)
+        self.narrow.data = reusable_data(<PyObject*>self.int32_array, 4, b"i"[0], &self.narrow.capacity)
+        self.flags.data = reusable_data(<PyObject*>self.bool_array, 1, b"?"[0], &self.flags.capacity)
+
+    cdef bint claim(self, Py_ssize_t num_wide, Py_ssize_t num_narrow, Py_ssize_t num_flags) noexcept nogil:
+        """After the plan: keep each array ``inspect`` found if it is large enough and not
+        far too large; True if all three are kept, False if ``allocate`` must replace some.
+        Plain C: no Python code runs here."""
+        claim_array(&self.wide, num_wide)
+        claim_array(&self.narrow, num_narrow)
+        claim_array(&self.flags, num_flags)
         return self.wide.data != NULL and self.narrow.data != NULL and self.flags.data != NULL
 
-    cdef inline void* _reusable(self, PyObject* array, Py_ssize_t capacity, Py_ssize_t itemsize, char code,
-                                Py_ssize_t needed) noexcept:
-        if capacity > ARENA_SHRINK_MIN and 4 * needed < capacity:
-            return NULL
-        return reusable_data(array, itemsize, code, needed)
-
     cdef int allocate(self, Py_ssize_t num_wide, Py_ssize_t num_narrow, Py_ssize_t num_flags) except -1:
-        """Replace every array ``claim`` could not reuse (this may run Python code: the
+        """Replace every array ``claim`` did not keep (this may run Python code: the
         garbage collector). The replaced arrays stay with whoever holds them."""
         if self.wide.data == NULL:
             self.int64_array = self._new(&self.wide, np.int64, 8, b"i"[0], num_wide)
@@ -138,14 +153,12 @@ cdef class OutputArena:
         return 0
 
     cdef object _new(self, ArenaArray* slot, object dtype, Py_ssize_t itemsize, char code, Py_ssize_t needed):
-        cdef Py_ssize_t capacity = grown_capacity(0, needed + needed // 4)
-        array = np.empty(capacity, dtype=dtype)
+        array = np.empty(grown_capacity(0, needed + needed // 4), dtype=dtype)
         slot.data = NULL
         if reference_count(<PyObject*>array) == 1:  # a fresh array: held by this frame alone
-            slot.data = reusable_data(<PyObject*>array, itemsize, code, needed)
-        if slot.data == NULL:  # a fresh array is always reusable; never write through NULL
+            slot.data = reusable_data(<PyObject*>array, itemsize, code, &slot.capacity)
+        if slot.data == NULL or slot.capacity < needed:  # never: a fresh array fits; never write through NULL
             raise MemoryError("a report's output array could not be set up")
-        slot.capacity = capacity
         self.num_allocations += 1
         return array
 

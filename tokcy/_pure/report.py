@@ -71,11 +71,12 @@ class _Slot:
 class ReportState:
     """Per-request report state of one ``SchedulerOutputManager`` and its batch loop."""
 
-    __slots__ = ("_slots", "_busy")
+    __slots__ = ("_slots", "_busy", "_num_reports")
 
     def __init__(self):
         self._slots = {}  # request id -> _Slot
         self._busy = False  # a build() is running (the compiled twin releases the GIL in it)
+        self._num_reports = 0
 
     def build(self, context_requests, generation_requests, device_token_requests=()):
         """Report one iteration; returns (number of context rows, the report's columns: a
@@ -94,7 +95,9 @@ class ReportState:
                 for buffer, dirty_from in consumed:
                     buffer.dirty_from = min(buffer.dirty_from, dirty_from)
                 raise
-            return len(groups[0]), self._commit(fresh, rows)
+            columns = self._commit(fresh, rows)
+            self._num_reports += 1
+            return len(groups[0]), columns
         finally:
             self._busy = False
 
@@ -232,6 +235,12 @@ class ReportState:
     @property
     def num_tracked_requests(self):
         return len(self._slots)
+
+    @property
+    def num_output_allocations(self):
+        """Output arrays allocated so far: three per report (the twin reuses none; the
+        compiled twin reuses its three while nobody references them)."""
+        return 3 * self._num_reports
 
     def tracked_request_ids(self):
         return sorted(self._slots)
