@@ -4,7 +4,7 @@ Every name here exists, with the same behaviour and the same exceptions, in the
 compiled core and in the pure-Python twin.
 """
 
-from typing import Iterable, Iterator, Sequence, SupportsIndex, TypeAlias, final, overload
+from typing import Any, Iterable, Iterator, Sequence, SupportsIndex, TypeAlias, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -230,6 +230,9 @@ class ReportColumns:
         npt.NDArray[np.int64],  # num_replaced_blocks
         npt.NDArray[np.int64],  # num_released_blocks
     ]: ...
+
+# The RequestData rows of a SchedulerOutput (cls: that tuple subclass), built in one C pass.
+def request_rows(cls: type[tuple[Any, ...]], output: Any, columns: Any) -> list[Any]: ...
 
 @final
 class ReportState:

@@ -174,3 +174,94 @@ cdef class OutputArena:
         columns.num_tokens = num_tokens
         columns.num_blocks = num_blocks
         return columns
+
+
+# ---------------------------------------------------------------------- RequestData rows
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.long cimport PyLong_FromLongLong
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_SET_ITEM
+
+cdef extern from "Python.h":
+    ctypedef struct PyTypeObject
+    # a zeroed instance of a variable-size type (tuple's own subtype allocation), tracked
+    object PyType_GenericAlloc(PyTypeObject* type, Py_ssize_t num_items)
+
+
+cdef inline list int32_list(const int32_t* values, int64_t begin, int64_t end):
+    cdef list result = PyList_New(end - begin)
+    cdef int64_t index
+    cdef object value
+    for index in range(begin, end):
+        value = values[index]
+        Py_INCREF(value)  # PyList_SET_ITEM steals the reference
+        PyList_SET_ITEM(result, index - begin, value)
+    return result
+
+
+cdef inline void set_item(object row, Py_ssize_t index, object value):
+    Py_INCREF(value)  # PyTuple_SET_ITEM steals the reference
+    PyTuple_SET_ITEM(row, index, value)
+
+
+def request_rows(cls, output, columns):
+    """The ``RequestData`` of every row of ``output`` (``cls``: that tuple subclass; its
+    items: request id, is_new, new tokens, group-0 new block ids, computed position,
+    scheduled tokens, replaced tokens, the row, ``columns``), built from the columns in
+    one C pass; the pure twin builds the same tuples through lists (connector/output.py).
+    The columns' layout is checked by the caller (a manager's, or ``check_layout``)."""
+    cdef const int64_t[::1] request_ids = np.ascontiguousarray(output.request_ids, dtype=np.int64)
+    cdef const unsigned char[::1] is_new = np.ascontiguousarray(output.is_new, dtype=np.bool_).view(np.uint8)
+    cdef const int64_t[::1] positions = np.ascontiguousarray(output.computed_positions, dtype=np.int64)
+    cdef const int64_t[::1] scheduled = np.ascontiguousarray(output.num_scheduled_tokens, dtype=np.int64)
+    cdef const int64_t[::1] replaced = np.ascontiguousarray(output.num_replaced_tokens, dtype=np.int64)
+    cdef const int64_t[::1] token_offsets = np.ascontiguousarray(output.token_offsets, dtype=np.int64)
+    cdef const int32_t[::1] tokens = np.ascontiguousarray(output.tokens, dtype=np.int32)
+    cdef const int64_t[::1] group_offsets = np.ascontiguousarray(output.group_offsets, dtype=np.int64)
+    cdef const int64_t[::1] block_offsets = np.ascontiguousarray(output.block_offsets, dtype=np.int64)
+    cdef const int32_t[::1] block_ids = np.ascontiguousarray(output.block_ids, dtype=np.int32)
+    cdef Py_ssize_t count = request_ids.shape[0], row
+    cdef int64_t first
+    if not (isinstance(cls, type) and issubclass(cls, tuple)):
+        raise TypeError("request_rows builds tuples of a tuple subclass")
+    cdef list rows
+    cdef object data, request_id, new_tokens, new_block_ids, position, num_scheduled, num_replaced, row_number
+    if not (is_new.shape[0] == positions.shape[0] == scheduled.shape[0] == replaced.shape[0] == count
+            and token_offsets.shape[0] == group_offsets.shape[0] == count + 1):
+        raise ValueError("the SchedulerOutput's per-row columns differ in length")
+    for row in range(count):  # every slice below inside its column (the caller checked; never trust it)
+        first = group_offsets[row]
+        if not (0 <= token_offsets[row] <= token_offsets[row + 1] <= tokens.shape[0]
+                and 0 <= first <= group_offsets[row + 1] < block_offsets.shape[0]
+                and (first == group_offsets[row + 1]
+                     or 0 <= block_offsets[first] <= block_offsets[first + 1] <= block_ids.shape[0])):
+            raise ValueError(f"the SchedulerOutput's offsets of row {row} lie outside its columns")
+    rows = PyList_New(count)
+    for row in range(count):
+        # every item first, then the tuple (nothing allocates while it is half filled: the
+        # garbage collector, which any allocation may run, can see every tracked object)
+        request_id = PyLong_FromLongLong(request_ids[row])
+        new_tokens = int32_list(&tokens[0] if tokens.shape[0] else NULL, token_offsets[row], token_offsets[row + 1])
+        first = group_offsets[row]
+        if first < group_offsets[row + 1]:
+            new_block_ids = int32_list(&block_ids[0] if block_ids.shape[0] else NULL,
+                                       block_offsets[first], block_offsets[first + 1])
+        else:  # no layer group
+            new_block_ids = []
+        position = PyLong_FromLongLong(positions[row])
+        num_scheduled = PyLong_FromLongLong(scheduled[row])
+        num_replaced = PyLong_FromLongLong(replaced[row])
+        row_number = row
+        data = PyType_GenericAlloc(<PyTypeObject*><PyObject*>cls, 9)  # a tuple of cls, its 9 items set now
+        set_item(data, 0, request_id)
+        set_item(data, 1, True if is_new[row] else False)
+        set_item(data, 2, new_tokens)
+        set_item(data, 3, new_block_ids)
+        set_item(data, 4, position)
+        set_item(data, 5, num_scheduled)
+        set_item(data, 6, num_replaced)
+        set_item(data, 7, row_number)
+        set_item(data, 8, columns)
+        Py_INCREF(data)  # PyList_SET_ITEM steals the reference
+        PyList_SET_ITEM(rows, row, data)
+    return rows

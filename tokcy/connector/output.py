@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tokcy import _backend
+
 
 COLUMNS = (
     "request_ids", "is_new", "computed_positions", "num_scheduled_tokens", "num_replaced_tokens", "token_offsets",
@@ -280,19 +282,51 @@ def _row_slices(flat, offsets):
 
 
 def _build_rows(output):
-    """The ``RequestData`` of every row of ``output`` (all columns read once, as lists)."""
+    """The ``RequestData`` of every row of ``output``: built by the compiled backend in one
+    C pass when it is live, else through lists here (the same tuples either way)."""
+    if type(output._source) is tuple:  # columns given to the constructor: check them first
+        _check_layout(output)
+    build = getattr(_backend.module, "request_rows", _request_rows)
+    return build(RequestData, output, _Columns(output))
+
+
+def _check_layout(output):
+    """ValueError unless every row's offsets lie inside the columns (what a manager's
+    report always satisfies), with the compiled builder's messages."""
+    count = len(output.request_ids)
+    per_row = (output.is_new, output.computed_positions, output.num_scheduled_tokens, output.num_replaced_tokens)
+    if any(len(column) != count for column in per_row) or not (
+        len(output.token_offsets) == len(output.group_offsets) == count + 1
+    ):
+        raise ValueError("the SchedulerOutput's per-row columns differ in length")
+    tokens, groups, blocks = (np.asarray(column, dtype=np.int64) for column in
+                              (output.token_offsets, output.group_offsets, output.block_offsets))
+    bad = (tokens[:-1] < 0) | (tokens[:-1] > tokens[1:]) | (tokens[1:] > len(output.tokens))
+    bad |= (groups[:-1] < 0) | (groups[:-1] > groups[1:]) | (groups[1:] >= len(blocks))
+    if not bad.any():
+        first = groups[:-1][groups[:-1] < groups[1:]]
+        bad_first = (blocks[first] < 0) | (blocks[first] > blocks[first + 1]) | (blocks[first + 1] > len(output.block_ids))
+        bad[np.flatnonzero(groups[:-1] < groups[1:])[bad_first]] = True
+    if bad.any():
+        raise ValueError(f"the SchedulerOutput's offsets of row {int(np.argmax(bad))} lie outside its columns")
+
+
+def _request_rows(cls, output, columns):
+    """The pure-Python builder of ``_build_rows``: every column read once, as lists."""
     count = len(output.request_ids)
     token_offsets = output.token_offsets
     new_tokens = _row_slices(output.tokens, token_offsets)
-    if len(output.block_offsets) - 1 == count:  # one layer group per row (every row has one or more)
-        new_block_ids = _row_slices(output.block_ids, output.block_offsets)
-    else:  # group 0 of each row
+    if len(output.block_offsets) - 1 == count and np.array_equal(output.group_offsets, np.arange(count + 1)):
+        new_block_ids = _row_slices(output.block_ids, output.block_offsets)  # one layer group per row
+    else:  # group 0 of each row that has one
         block_offsets, block_ids = output.block_offsets.tolist(), output.block_ids.tolist()
+        bounds = output.group_offsets.tolist()
         new_block_ids = [
-            block_ids[block_offsets[first] : block_offsets[first + 1]] for first in output.group_offsets[:-1].tolist()
+            block_ids[block_offsets[first] : block_offsets[first + 1]] if first < last else []
+            for first, last in zip(bounds, bounds[1:])
         ]
-    return list(map(tuple.__new__, repeat(RequestData), zip(
+    return list(map(tuple.__new__, repeat(cls), zip(
         output.request_ids.tolist(), output.is_new.tolist(), new_tokens, new_block_ids,
         output.computed_positions.tolist(), output.num_scheduled_tokens.tolist(), output.num_replaced_tokens.tolist(),
-        range(count), repeat(_Columns(output)),
+        range(count), repeat(columns),
     )))
