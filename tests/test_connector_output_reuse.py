@@ -165,4 +165,4 @@ def test_scheduler_output_constructor_and_pickle(backend):
     made = SchedulerOutput(0, *(getattr(output, name).copy() for name in COLUMNS))
     assert columns(made) == columns(output) and len(made) == 1
     with pytest.raises(AttributeError, match="no attribute 'no_such_column'"):
-        made.no_such_column
+        made.no_such_column  # noqa: B018 - the read is the test

@@ -165,7 +165,7 @@ def test_rows_of_a_hand_made_output_one_without_layer_groups(backend):
 def test_a_hand_made_output_with_inconsistent_columns_is_refused(backend, changes, message):
     output = _hand_made(**changes)
     with pytest.raises(ValueError, match=message):
-        output.requests
+        output.requests  # noqa: B018 - the read is the test
     if hasattr(backend, "request_rows"):  # the compiled builder checks again, on its own
         with pytest.raises(ValueError, match=message):
             backend.request_rows(RequestData, output, None)

@@ -51,8 +51,8 @@ _new_tuple = tuple.__new__
 
 def _lowest(a, b, c):
     """min(a, b, c) for ints, without the builtin's call overhead (this runs per buffer)."""
-    low = a if a < b else b
-    return low if low < c else c
+    low = a if a < b else b  # noqa: FURB136 - min() is a call, this runs per buffer
+    return low if low < c else c  # noqa: FURB136
 
 
 class _Slot:
@@ -71,7 +71,7 @@ class _Slot:
 class ReportState:
     """Per-request report state of one ``SchedulerOutputManager`` and its batch loop."""
 
-    __slots__ = ("_slots", "_busy", "_num_reports")
+    __slots__ = ("_busy", "_num_reports", "_slots")
 
     def __init__(self):
         self._slots = {}  # request id -> _Slot
@@ -172,13 +172,8 @@ class ReportState:
         num_tokens = num_segments = num_blocks = 0
         sliced = False
         for _, _, _, _, _, num_pauses, slot, storage, begin, end, segments in rows:
-            if end - begin == 1:  # decode: one token (a Python int is cheaper than a slice)
-                token_pieces.append(storage.item(begin))
-                num_tokens += 1
-            elif end > begin:
-                token_pieces.append(storage[begin:end])
-                num_tokens += end - begin
-                sliced = True
+            sliced |= _take(token_pieces, storage, begin, end)
+            num_tokens += end - begin
             token_offsets.append(num_tokens)
             num_segments += len(segments)
             group_offsets.append(num_segments)
@@ -188,13 +183,8 @@ class ReportState:
             slot.reported = True
             slot.num_blocks = []
             for _, storage, block_begin, block_end, block_replaced, released in segments:
-                if block_end - block_begin == 1:
-                    block_pieces.append(storage.item(block_begin))
-                    num_blocks += 1
-                elif block_end > block_begin:
-                    block_pieces.append(storage[block_begin:block_end])
-                    num_blocks += block_end - block_begin
-                    sliced = True
+                sliced |= _take(block_pieces, storage, block_begin, block_end)
+                num_blocks += block_end - block_begin
                 block_offsets.append(num_blocks)
                 replaced_blocks.append(block_replaced)
                 released_blocks.append(released)
@@ -244,6 +234,18 @@ class ReportState:
 
     def tracked_request_ids(self):
         return sorted(self._slots)
+
+
+def _take(pieces, storage, begin, end):
+    """Append ``storage[begin:end]`` to ``pieces``: one entry as a Python int (decode: cheaper
+    than a slice), more as a slice of the storage. True if it appended a slice."""
+    if end - begin == 1:
+        pieces.append(storage.item(begin))
+        return False
+    if end > begin:
+        pieces.append(storage[begin:end])
+        return True
+    return False
 
 
 def _join(pieces, sliced):

@@ -1,13 +1,12 @@
 """``SchedulerOutput`` (columnar arrays, one row per scheduled request) and ``RequestData`` (its rows, built lazily)."""
 
-from itertools import compress, repeat
+from itertools import compress, pairwise, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tokcy import _backend
-
 
 COLUMNS = (
     "request_ids", "is_new", "computed_positions", "num_scheduled_tokens", "num_replaced_tokens", "token_offsets",
@@ -323,7 +322,7 @@ def _request_rows(cls, output, columns):
         bounds = output.group_offsets.tolist()
         new_block_ids = [
             block_ids[block_offsets[first] : block_offsets[first + 1]] if first < last else []
-            for first, last in zip(bounds, bounds[1:])
+            for first, last in pairwise(bounds)
         ]
     return list(map(tuple.__new__, repeat(cls), zip(
         output.request_ids.tolist(), output.is_new.tolist(), new_tokens, new_block_ids,
