@@ -17,6 +17,7 @@ import numpy as np
 
 from tokcy import RequestState, _backend
 from tokcy.connector import SchedulerOutputManager
+from tokcy.connector.output import COLUMNS
 from tokcy.executor import HostBuffers, prepare_inputs
 
 EXAMPLES = int(os.environ.get("TOKCY_FUZZ_EXAMPLES", "3000"))
@@ -184,7 +185,7 @@ def plain(result):
     if hasattr(result, "asdict"):
         return {key: plain(value) for key, value in result.asdict().items()}
     if hasattr(result, "block_offsets"):  # a SchedulerOutput: its columns
-        return {key: plain(value) for key, value in vars(result).items() if not key.startswith("_")}
+        return {key: plain(getattr(result, key)) for key in ("num_context_requests", *COLUMNS)}
     return result
 
 

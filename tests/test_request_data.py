@@ -6,12 +6,13 @@ it has fast paths for (all rows the same length, mostly empty rows, anything els
 """
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokcy import RequestState
-from tokcy.connector import RequestData, SchedulerOutputManager
-from tokcy.connector.output import _row_slices
+from tokcy.connector import RequestData, SchedulerOutput, SchedulerOutputManager
+from tokcy.connector.output import COLUMNS, _row_slices
 
 
 def test_worked_example(backend):
@@ -130,3 +131,41 @@ def test_an_output_and_its_rows_are_freed_without_the_cycle_collector(backend):
         assert alive() is None  # freed by reference counting alone
     finally:
         gc.enable()
+
+
+def _hand_made(**changes):
+    columns = {
+        "request_ids": [3, 4], "is_new": [True, False], "computed_positions": [0, 7], "num_scheduled_tokens": [2, 1],
+        "num_replaced_tokens": [0, 0], "token_offsets": [0, 2, 3], "tokens": [10, 11, 12], "group_offsets": [0, 1, 1],
+        "block_offsets": [0, 1], "block_ids": [5], "num_replaced_blocks": [0], "num_released_blocks": [0],
+    }
+    columns.update(changes)
+    dtypes = {"is_new": np.bool_, "tokens": np.int32, "block_ids": np.int32}
+    return SchedulerOutput(0, *(np.array(columns[name], dtype=dtypes.get(name, np.int64)) for name in COLUMNS))
+
+
+def test_rows_of_a_hand_made_output_one_without_layer_groups(backend):
+    first, second = _hand_made().requests
+    assert (first.request_id, first.is_new, first.new_tokens, first.new_block_ids) == (3, True, [10, 11], [5])
+    assert (first.new_block_ids_by_group, first.num_layer_groups, first.computed_position) == ([[5]], 1, 0)
+    assert (second.request_id, second.is_new, second.new_tokens, second.new_block_ids) == (4, False, [12], [])
+    assert (second.new_block_ids_by_group, second.num_layer_groups, second.computed_position) == ([], 0, 7)
+    assert (second.num_scheduled_tokens, second.num_replaced_blocks_by_group) == (1, [])
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"is_new": [True]}, "per-row columns differ in length"),
+    ({"token_offsets": [0, 2]}, "per-row columns differ in length"),
+    ({"token_offsets": [0, 4, 3]}, "offsets of row 0 lie outside"),
+    ({"token_offsets": [0, 2, 4]}, "offsets of row 1 lie outside"),
+    ({"group_offsets": [0, 2, 2]}, "offsets of row 0 lie outside"),
+    ({"block_offsets": [0, 2]}, "offsets of row 0 lie outside"),
+    ({"group_offsets": [0, 1, 0]}, "offsets of row 1 lie outside"),
+])
+def test_a_hand_made_output_with_inconsistent_columns_is_refused(backend, changes, message):
+    output = _hand_made(**changes)
+    with pytest.raises(ValueError, match=message):
+        output.requests  # noqa: B018 - the read is the test
+    if hasattr(backend, "request_rows"):  # the compiled builder checks again, on its own
+        with pytest.raises(ValueError, match=message):
+            backend.request_rows(RequestData, output, None)

@@ -4,7 +4,7 @@ Every name here exists, with the same behaviour and the same exceptions, in the
 compiled core and in the pure-Python twin.
 """
 
-from typing import Iterable, Iterator, Sequence, SupportsIndex, TypeAlias, final, overload
+from typing import Any, Iterable, Iterator, Sequence, SupportsIndex, TypeAlias, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -208,19 +208,15 @@ class AttentionMetadata:
 
 # ---------------------------------------------------------------- connector (hot loop 2)
 # The per-request report state behind tokcy.connector.SchedulerOutputManager; build()
-# returns the columns of tokcy.connector.SchedulerOutput, in its constructor's order (rows:
-# context, generation, then device-token requests). While a build() runs (its copy may run
-# without the GIL), build / record_matched_tokens / reset_request / request_finished raise
-# RuntimeError. Error messages: tokcy/_report_checks.py.
+# returns (number of context rows, the report's ReportColumns), whose arrays() are the
+# columns of tokcy.connector.SchedulerOutput in its constructor's order (rows: context,
+# generation, then device-token requests). The arrays are slices of arrays the state keeps
+# and reuses for a later report only once nothing references them. While a build() runs
+# (its copy may run without the GIL), build / record_matched_tokens / reset_request /
+# request_finished raise RuntimeError. Error messages: tokcy/_report_checks.py.
 @final
-class ReportState:
-    def __init__(self) -> None: ...
-    def build(
-        self,
-        context_requests: Iterable[Request],
-        generation_requests: Iterable[Request],
-        device_token_requests: Iterable[Request] = (),
-    ) -> tuple[
+class ReportColumns:
+    def arrays(self) -> tuple[
         npt.NDArray[np.int64],  # request_ids
         npt.NDArray[np.bool_],  # is_new
         npt.NDArray[np.int64],  # computed_positions
@@ -234,9 +230,24 @@ class ReportState:
         npt.NDArray[np.int64],  # num_replaced_blocks
         npt.NDArray[np.int64],  # num_released_blocks
     ]: ...
+
+# The RequestData rows of a SchedulerOutput (cls: that tuple subclass), built in one C pass.
+def request_rows(cls: type[tuple[Any, ...]], output: Any, columns: Any) -> list[Any]: ...
+
+@final
+class ReportState:
+    def __init__(self) -> None: ...
+    def build(
+        self,
+        context_requests: Iterable[Request],
+        generation_requests: Iterable[Request],
+        device_token_requests: Iterable[Request] = (),
+    ) -> tuple[int, ReportColumns]: ...
     def record_matched_tokens(self, request_id: SupportsIndex, num_tokens: SupportsIndex) -> None: ...
     def reset_request(self, request_id: SupportsIndex) -> None: ...
     def request_finished(self, request_id: SupportsIndex) -> None: ...
     @property
     def num_tracked_requests(self) -> int: ...
+    @property
+    def num_output_allocations(self) -> int: ...
     def tracked_request_ids(self) -> list[int]: ...

@@ -7,12 +7,15 @@
 #   pause count at the last report, pending connector-matched tokens). Slots live in one
 #   growable C array with a free list; a C open-addressing hash table (linear probing,
 #   backward-shift deletion) maps request id -> slot, so the batch loop never creates a
-#   Python int (or any other object) per request.
-# * build(): pass 1, with the GIL, validates the whole batch and plans one copy job per
-#   token buffer and per block table (fresh slots inserted for never-seen ids are undone
-#   if anything fails); then the output arrays are allocated at their exact sizes; pass 2,
-#   without the GIL, memcpy's the deltas and commits the slots. A failing call changes
-#   neither the manager nor any request.
+#   Python int (or any other object) per request. Each Request remembers its slot number
+#   as a hint (Request._report_slot), used when that slot is live and holds the request's
+#   id (the table maps an id to one slot only, so the hint is then right), probed otherwise.
+# * build(): pass 1, with the GIL, validates the whole batch, checks every planned copy
+#   against its buffer and plans one copy job per token buffer and per block table (fresh
+#   slots inserted for never-seen ids are undone if anything fails); pass 2 copies the
+#   deltas into the output arena (tokcy/_core_report_output.pxi: arrays reused while
+#   nobody else references them) and commits the slots. A failing call changes neither
+#   the manager nor any request.
 # * Change marks: the connector is one of two readers of each buffer's changes (the
 #   device block table is the other, with its own mark: docs/change-tracking.md). Pass 1
 #   consumes the connector's mark (dirty_from) of each buffer as it reads it, with the
@@ -20,23 +23,31 @@
 #   thread makes while pass 2 runs without the GIL lowers the mark again and shows in the
 #   next report: it is never lost.
 # * Memory safety: pass 2 runs without the GIL when it copies at least NOGIL_MIN_ENTRIES
-#   entries, with it otherwise; either way the end of pass 1 re-checks every planned copy
-#   against its buffer and takes a strong reference (held, a C array of PyObject*) to every
-#   Int32Buffer a job reads and to every storage array a job's data pointer reads, before
-#   the output arrays are allocated (an allocation can run the garbage collector, hence
-#   Python code and other threads); pass 2 reads only values planned in pass 1; the
-#   references are dropped after pass 2. A second build / record_matched_tokens /
-#   reset_request / request_finished on the same state while a build runs raises
-#   RuntimeError (busy) instead of moving slots, rows or segments under the writer.
-#   A request mutated by another thread during a report is the caller's race (the report
-#   shows it as at plan time), never a use-after-free.
+#   entries, with it otherwise. Between the passes Python code can run only when the
+#   arena must allocate an array (an allocation can run the garbage collector, hence
+#   Python code and other threads): then, and whenever pass 2 runs without the GIL, the
+#   end of pass 1 takes a strong reference (held, a C array of PyObject*) to every
+#   Int32Buffer a job writes and to every storage array a job's data pointer reads, and
+#   drops them after pass 2. A small report into reused arrays runs no Python code from
+#   the first read of a request to the last write, so its borrowed pointers stay valid
+#   without references. Pass 2 reads only values planned in pass 1. A second build /
+#   record_matched_tokens / reset_request / request_finished on the same state while a
+#   build runs raises RuntimeError (busy) instead of moving slots, rows or segments under
+#   the writer. A request mutated by another thread during a report is the caller's race
+#   (the report shows it as at plan time), never a use-after-free.
 # * Errors: tokcy/_report_checks.py, shared with the pure twin.
 
+from cpython.list cimport PyList_GET_ITEM
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc, realloc
 
 from tokcy import _report_checks
+
+cdef extern from "Python.h":
+    # on borrowed pointers (an object argument would add and drop a reference per call)
+    PyObject* tuple_item "PyTuple_GET_ITEM"(PyObject* tuple, Py_ssize_t index)
+    Py_ssize_t tuple_size "PyTuple_GET_SIZE"(PyObject* tuple)
 
 
 cdef struct ReportSlot:
@@ -118,24 +129,16 @@ cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:
     return x ^ (x >> 31)
 
 
-cdef inline int64_t* int64_data(object array):
-    cdef int64_t[::1] memory = array
-    return &memory[0] if memory.shape[0] else NULL
+cdef inline list as_list(object requests):
+    return <list>requests if type(requests) is list else list(requests)
 
 
-cdef inline int32_t* int32_data(object array):
-    cdef int32_t[::1] memory = array
-    return &memory[0] if memory.shape[0] else NULL
-
-
-cdef inline unsigned char* bool_data(object array):
-    cdef unsigned char[::1] memory = array.view(np.uint8)
-    return &memory[0] if memory.shape[0] else NULL
-
-
-cdef inline int check_span(int64_t request_id, Py_ssize_t begin, Py_ssize_t end, Int32Buffer buffer) except -1:
-    if begin < 0 or begin > end or end > buffer.size or buffer.size > buffer.capacity:
-        _report_checks.outside_buffer(request_id, begin, end, buffer.size)
+cdef inline int check_span(int64_t request_id, Py_ssize_t begin, Py_ssize_t end, Py_ssize_t size,
+                           Py_ssize_t capacity) except -1:
+    """The loop-boundary check of one planned copy: it lies inside its buffer (``size``
+    entries of ``capacity``), whatever state the buffer's counters were in."""
+    if begin < 0 or begin > end or end > size or size > capacity:
+        _report_checks.outside_buffer(request_id, begin, end, size)
     return 0
 
 
@@ -160,9 +163,11 @@ cdef class ReportState:
     cdef Py_ssize_t num_held
     cdef Py_ssize_t held_capacity
     cdef bint busy                      # a build() is running (maybe in pass 2, without the GIL)
+    cdef OutputArena arena              # the arrays the reports are written into, reused
 
     def __cinit__(self):
         self.free_head = NO_ENTRY
+        self.arena = OutputArena()
         self._grow_index(64)
 
     def __dealloc__(self):
@@ -364,170 +369,169 @@ cdef class ReportState:
             self._hold_buffer(part.buffer, part.end > part.begin)
         return 0
 
-    cdef int _check_jobs(self, Py_ssize_t batch, Py_ssize_t num_segments) except -1:
-        """The loop-boundary re-check: every planned copy lies inside its buffer, whatever
-        state the buffer's counters were in (a few compares per buffer)."""
-        cdef Py_ssize_t number, segment
-        cdef RowJob* job
+    # ------------------------------------------------------------------ pass 1, one row
+    cdef inline Py_ssize_t _slot_of(self, Request request, Py_ssize_t* num_fresh) except -1:
+        """The request's slot: its hint if valid, else the table's (a fresh one, undone if the
+        call fails, for an id not seen yet); the hint is updated."""
+        cdef Py_ssize_t number = request._report_slot
+        if 0 <= number < self.num_slots_used and self.slots[number].live and \
+                self.slots[number].request_id == request._request_id:
+            return number
+        number = self._find(request._request_id)
+        if number == NO_ENTRY:
+            number = self._insert(request._request_id)
+            self.fresh[num_fresh[0]] = number
+            num_fresh[0] += 1
+        request._report_slot = number
+        return number
+
+    cdef inline int _plan_row(self, Request request, Py_ssize_t kind, Py_ssize_t number, int64_t stamp,
+                              RowJob* job, Py_ssize_t* total_segments) except -1:
+        """Validate one request and plan its copies (the row's job, its segments' jobs);
+        changes nothing but the slot's stamp. Runs no Python code but to raise."""
+        cdef Py_ssize_t group, num_groups, begin, reported, size, dirty_from
+        cdef ReportSlot* slot = &self.slots[number]
+        cdef PyObject* tables = <PyObject*>request._block_tables  # a tuple (Request's field)
+        cdef PyObject* table
         cdef SegmentJob* part
-        for number in range(batch):
-            job = &self.rows[number]
-            check_span(job.request_id, job.begin, job.end, <Int32Buffer>job.buffer)
-            for segment in range(job.first_segment, job.first_segment + job.num_groups):
-                part = &self.segments[segment]
-                check_span(job.request_id, part.begin, part.end, <Int32Buffer>part.buffer)
+        if request._state_code == 2:
+            _report_checks.finished(request._request_id)
+        if slot.stamp == stamp:
+            _report_checks.duplicate(request._request_id)
+        slot.stamp = stamp
+        num_groups = tuple_size(tables)
+        if slot.num_groups != NEVER_REPORTED and slot.num_groups != num_groups:
+            _report_checks.group_count(request._request_id, num_groups, slot.num_groups)
+        if kind == 0 and slot.matched > request._context_position:
+            _report_checks.matched_past_position(request._request_id, slot.matched, request._context_position)
+        if num_groups > slot.group_capacity:
+            self._reserve_groups(number, num_groups)
+            slot = &self.slots[number]
+        if total_segments[0] + num_groups > self.segment_capacity:
+            self._reserve_segments(total_segments[0] + num_groups)
+        job.slot = number
+        job.request_id = request._request_id
+        job.is_new = not slot.reported or slot.num_pauses != request._num_pauses
+        job.num_pauses = request._num_pauses
+        size = request._beam0.size
+        begin = 0
+        if not job.is_new:
+            dirty_from = request._beam0.dirty_from
+            begin = slot.num_tokens if slot.num_tokens < dirty_from else dirty_from
+            if begin > size:
+                begin = size
+        check_span(job.request_id, begin, size, size, request._beam0.capacity)
+        job.buffer = <PyObject*>request._beam0
+        job.data = request._beam0.data
+        job.dirty = &request._beam0.dirty_from
+        job.begin = begin
+        job.end = size
+        if kind == 0:  # context: the cursor, less connector-matched tokens
+            job.position = request._context_position - slot.matched
+            job.scheduled = request._chunk_size
+        elif kind == 1:  # generation: the newest host token is re-fed
+            job.position = size - 1
+            job.scheduled = 1 + request._draft_tokens.size
+        else:  # device token: the newest token, at position n, is on the device
+            job.position = size
+            job.scheduled = 1
+        job.first_segment = total_segments[0]
+        job.num_groups = num_groups
+        for group in range(num_groups):
+            table = tuple_item(tables, group)
+            if not isinstance(<object>table, BlockTable):  # never, from Request's own code
+                raise TypeError(f"layer group {group} of request {request._request_id} is not a BlockTable")
+            size = (<BlockTable>table)._buffer.size
+            reported = 0
+            begin = 0
+            if not job.is_new:
+                reported = slot.num_blocks[group]
+                dirty_from = (<BlockTable>table)._buffer.dirty_from
+                begin = reported if reported < dirty_from else dirty_from
+                if begin > size:
+                    begin = size
+            check_span(job.request_id, begin, size, size, (<BlockTable>table)._buffer.capacity)
+            part = &self.segments[total_segments[0]]
+            part.buffer = <PyObject*>(<BlockTable>table)._buffer
+            part.data = (<BlockTable>table)._buffer.data
+            part.dirty = &(<BlockTable>table)._buffer.dirty_from
+            part.begin = begin
+            part.end = size
+            part.replaced = reported - begin
+            part.released = (<BlockTable>table)._num_released
+            total_segments[0] += 1
         return 0
 
     # ------------------------------------------------------------------ public calls
     def build(self, context_requests, generation_requests, device_token_requests=()):
-        """Report one iteration; returns the columnar arrays (see tokcy.connector.SchedulerOutput)."""
+        """Report one iteration; returns (number of context rows, the report's columns: a
+        ReportColumns, whose ``arrays()`` are tokcy.connector.SchedulerOutput's columns)."""
         cdef list groups
         cdef Py_ssize_t kind
         cdef Py_ssize_t index
         cdef Py_ssize_t row = 0, group, number, num_groups, num_fresh = 0
-        cdef Py_ssize_t batch
+        cdef Py_ssize_t batch, num_context
         cdef Py_ssize_t total_tokens = 0, total_segments = 0, total_blocks = 0
-        cdef Py_ssize_t begin, reported, size
-        cdef int64_t* out_request_ids
-        cdef unsigned char* out_is_new
-        cdef int64_t* out_positions
-        cdef int64_t* out_scheduled
-        cdef int64_t* out_replaced_tokens
-        cdef int64_t* out_token_offsets
-        cdef int32_t* out_tokens
-        cdef int64_t* out_group_offsets
-        cdef int64_t* out_block_offsets
-        cdef int32_t* out_block_ids
-        cdef int64_t* out_replaced_blocks
-        cdef int64_t* out_released_blocks
         cdef list items
-        cdef Request request
-        cdef BlockTable table
-        cdef Int32Buffer buffer
+        cdef PyObject* item
         cdef RowJob* job
-        cdef SegmentJob* part
-        cdef ReportSlot* slot
+        cdef OutputArena arena = self.arena
         cdef int64_t stamp
         cdef bint release_gil = False
         if self.busy:
             _report_checks.busy()
         self.busy = True
         try:
-            # the groups are read inside the guard: an iterator that calls back is refused too
-            groups = [list(context_requests), list(generation_requests), list(device_token_requests)]
-            batch = len(<list>groups[0]) + len(<list>groups[1]) + len(<list>groups[2])
+            # the groups are read inside the guard: an iterator that calls back is refused
+            # too. A list is read in place: nothing below runs Python code before the plan
+            # is complete, so it cannot change under pass 1, and pass 2 never reads it.
+            groups = [as_list(context_requests), as_list(generation_requests), as_list(device_token_requests)]
+            num_context = len(<list>groups[0])
+            batch = num_context + len(<list>groups[1]) + len(<list>groups[2])
             self._reserve_rows(batch)
+            arena.inspect()  # before the plan: this may run Python code (numpy's buffer export)
             self.stamp += 1
             stamp = self.stamp
             try:
                 # pass 1 (with the GIL): validate the whole batch and plan the copies. Sizes
                 # and low-water marks are read here, once: the report is the state at plan
                 # time. Nothing is committed but the connector's marks, consumed as each row
-                # is planned (restore_marks() below if the call fails). The jobs' buffer/data/dirty pointers are
+                # is planned (restore_marks() below if the call fails), and the requests'
+                # slot hints (hints only). The jobs' buffer/data/dirty pointers are
                 # borrowed: this loop runs no Python code and drops no reference (errors
-                # abort it), so nothing it points into can change or be freed before
-                # _hold_jobs below owns it.
+                # abort it), so nothing it points into can change or be freed before pass
+                # 2, or before _hold_jobs below owns it if anything runs in between.
                 for kind in range(3):
                     items = <list>groups[kind]
                     for index in range(len(items)):
-                        item = items[index]
-                        if not isinstance(item, Request):
-                            _report_checks.not_a_request(_report_checks.GROUPS[kind], index, item, Request)
-                        request = <Request>item
-                        if request._state_code == 2:
-                            _report_checks.finished(request._request_id)
-                        number = self._find(request._request_id)
-                        if number == NO_ENTRY:
-                            number = self._insert(request._request_id)
-                            self.fresh[num_fresh] = number
-                            num_fresh += 1
-                        slot = &self.slots[number]
-                        if slot.stamp == stamp:
-                            _report_checks.duplicate(request._request_id)
-                        slot.stamp = stamp
-                        num_groups = len(request._block_tables)
-                        if slot.num_groups != NEVER_REPORTED and slot.num_groups != num_groups:
-                            _report_checks.group_count(request._request_id, num_groups, slot.num_groups)
-                        if kind == 0 and slot.matched > request._context_position:
-                            _report_checks.matched_past_position(
-                                request._request_id, slot.matched, request._context_position
-                            )
-                        self._reserve_groups(number, num_groups)
-                        self._reserve_segments(total_segments + num_groups)
-                        slot = &self.slots[number]
+                        # borrowed: the list holds the request, the request its buffers and
+                        # tables (no reference count is touched per request)
+                        item = PyList_GET_ITEM(items, index)
+                        if not isinstance(<object>item, Request):
+                            _report_checks.not_a_request(_report_checks.GROUPS[kind], index, <object>item, Request)
+                        number = self._slot_of(<Request>item, &num_fresh)
+                        self._plan_row(<Request>item, kind, number, stamp, &self.rows[row], &total_segments)
                         job = &self.rows[row]
-                        job.slot = number
-                        job.request_id = request._request_id
-                        job.is_new = not slot.reported or slot.num_pauses != request._num_pauses
-                        job.num_pauses = request._num_pauses
-                        buffer = request._beam0
-                        job.buffer = <PyObject*>buffer
-                        size = buffer.size
-                        begin = 0
-                        if not job.is_new:
-                            begin = slot.num_tokens if slot.num_tokens < buffer.dirty_from else buffer.dirty_from
-                            if begin > size:
-                                begin = size
-                        job.data = buffer.data
-                        job.dirty = &buffer.dirty_from
-                        job.begin = begin
-                        job.end = size
-                        total_tokens += size - begin
-                        if kind == 0:  # context: the cursor, less connector-matched tokens
-                            job.position = request._context_position - slot.matched
-                            job.scheduled = request._chunk_size
-                        elif kind == 1:  # generation: the newest host token is re-fed
-                            job.position = size - 1
-                            job.scheduled = 1 + request._draft_tokens.size
-                        else:  # device token: the newest token, at position n, is on the device
-                            job.position = size
-                            job.scheduled = 1
-                        job.first_segment = total_segments
-                        job.num_groups = num_groups
-                        for group in range(num_groups):
-                            table = <BlockTable?>request._block_tables[group]
-                            buffer = table._buffer
-                            size = buffer.size
-                            reported = 0
-                            begin = 0
-                            if not job.is_new:
-                                reported = slot.num_blocks[group]
-                                begin = reported if reported < buffer.dirty_from else buffer.dirty_from
-                                if begin > size:
-                                    begin = size
-                            part = &self.segments[total_segments]
-                            part.buffer = <PyObject*>buffer
-                            part.data = buffer.data
-                            part.dirty = &buffer.dirty_from
-                            part.begin = begin
-                            part.end = size
-                            part.replaced = reported - begin
-                            part.released = table._num_released
-                            total_segments += 1
-                            total_blocks += size - begin
+                        total_tokens += job.end - job.begin
+                        for group in range(job.first_segment, total_segments):
+                            total_blocks += self.segments[group].end - self.segments[group].begin
                         consume_marks(job, &self.segments[job.first_segment])
                         row += 1
-                self._check_jobs(batch, total_segments)
-                # own every buffer a job writes (dirty_from) and every storage array a job
-                # reads before anything allocates: an allocation can run the garbage
-                # collector, hence Python code (__del__, gc callbacks) and other threads,
-                # which may append to (reallocate) or drop a request. A large copy then
-                # runs without the GIL; a small one keeps it (releasing it would cost more
-                # than the copy, and getting it back can wait a whole switch interval).
-                self._hold_jobs(batch, total_segments)
+                # The output goes into the arena's arrays when nothing else references
+                # them (found before the plan; no Python code runs to claim them). A new array is allocated
+                # otherwise, and an allocation can run the garbage collector, hence Python
+                # code (__del__, gc callbacks) and other threads, which may append to
+                # (reallocate) or drop a request: so first own every buffer a job writes
+                # (dirty_from) and every storage array a job reads. A large copy runs
+                # without the GIL, owning them likewise; a small one keeps it (releasing it
+                # would cost more than the copy, and getting it back can wait a whole switch
+                # interval), and with no Python code since pass 1 it needs no reference.
                 release_gil = total_tokens + total_blocks >= NOGIL_MIN_ENTRIES
-                request_ids = np.empty(batch, dtype=np.int64)
-                is_new = np.empty(batch, dtype=np.bool_)
-                positions = np.empty(batch, dtype=np.int64)
-                scheduled = np.empty(batch, dtype=np.int64)
-                replaced_tokens = np.empty(batch, dtype=np.int64)
-                token_offsets = np.empty(batch + 1, dtype=np.int64)
-                tokens = np.empty(total_tokens, dtype=np.int32)
-                group_offsets = np.empty(batch + 1, dtype=np.int64)
-                block_offsets = np.empty(total_segments + 1, dtype=np.int64)
-                block_ids = np.empty(total_blocks, dtype=np.int32)
-                replaced_blocks = np.empty(total_segments, dtype=np.int64)
-                released_blocks = np.empty(total_segments, dtype=np.int64)
+                if not arena.claim(int64_entries(batch, total_segments), total_tokens + total_blocks, batch):
+                    self._hold_jobs(batch, total_segments)
+                    arena.allocate(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
+                elif release_gil:
+                    self._hold_jobs(batch, total_segments)
             except BaseException:
                 for index in range(row):
                     restore_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
@@ -535,68 +539,32 @@ cdef class ReportState:
                     num_fresh -= 1
                     self._remove(self.slots[self.fresh[num_fresh]].request_id)
                 raise
-            out_request_ids = int64_data(request_ids)
-            out_is_new = bool_data(is_new)
-            out_positions = int64_data(positions)
-            out_scheduled = int64_data(scheduled)
-            out_replaced_tokens = int64_data(replaced_tokens)
-            out_token_offsets = int64_data(token_offsets)
-            out_tokens = int32_data(tokens)
-            out_group_offsets = int64_data(group_offsets)
-            out_block_offsets = int64_data(block_offsets)
-            out_block_ids = int32_data(block_ids)
-            out_replaced_blocks = int64_data(replaced_blocks)
-            out_released_blocks = int64_data(released_blocks)
             # pass 2: self.slots / rows / segments cannot move (busy); without the GIL, every
-            # pointer the jobs hold is into an object owned since pass 1
+            # pointer the jobs hold is into an object owned since pass 1, and the arena's
+            # arrays are referenced by the arena alone
             if release_gil:
                 with nogil:
-                    self._write(
-                        batch, total_tokens, total_blocks, out_request_ids, out_is_new, out_positions, out_scheduled, out_replaced_tokens,
-                        out_token_offsets, out_tokens, out_group_offsets, out_block_offsets, out_block_ids,
-                        out_replaced_blocks, out_released_blocks,
-                    )
+                    self._write(batch, total_segments, total_tokens, total_blocks,
+                                <int64_t*>arena.wide.data, <int32_t*>arena.narrow.data,
+                                <unsigned char*>arena.flags.data)
             else:
-                self._write(
-                    batch, total_tokens, total_blocks, out_request_ids, out_is_new, out_positions, out_scheduled, out_replaced_tokens,
-                    out_token_offsets, out_tokens, out_group_offsets, out_block_offsets, out_block_ids,
-                    out_replaced_blocks, out_released_blocks,
-                )
+                self._write(batch, total_segments, total_tokens, total_blocks,
+                            <int64_t*>arena.wide.data, <int32_t*>arena.narrow.data,
+                            <unsigned char*>arena.flags.data)
         finally:
             self._release_held()
             self.busy = False
-        return (
-            request_ids,
-            is_new,
-            positions,
-            scheduled,
-            replaced_tokens,
-            token_offsets,
-            tokens,
-            group_offsets,
-            block_offsets,
-            block_ids,
-            replaced_blocks,
-            released_blocks,
-        )
+        return num_context, arena.columns(batch, total_segments, total_tokens, total_blocks)
 
     cdef void _write(
         self,
         Py_ssize_t batch,
-        Py_ssize_t total_tokens,     # the outputs' sizes, checked by debug_assert() only
+        Py_ssize_t num_segments,
+        Py_ssize_t total_tokens,
         Py_ssize_t total_blocks,
-        int64_t* request_ids,
-        unsigned char* is_new,
-        int64_t* positions,
-        int64_t* scheduled,
-        int64_t* replaced_tokens,
-        int64_t* token_offsets,
-        int32_t* tokens,
-        int64_t* group_offsets,
-        int64_t* block_offsets,
-        int32_t* block_ids,
-        int64_t* replaced_blocks,
-        int64_t* released_blocks,
+        int64_t* wide,               # int64_entries(batch, num_segments) entries (ReportColumns' layout)
+        int32_t* narrow,             # the tokens, then the block ids
+        unsigned char* is_new,       # batch entries
     ) noexcept nogil:
         """Pass 2: copy the planned deltas and commit; nothing here can fail.
 
@@ -607,6 +575,17 @@ cdef class ReportState:
         this loop.
         """
         cdef Py_ssize_t row, group, count, segment, token_offset = 0, block_offset = 0
+        cdef int64_t* request_ids = wide
+        cdef int64_t* positions = wide + batch
+        cdef int64_t* scheduled = wide + 2 * batch
+        cdef int64_t* replaced_tokens = wide + 3 * batch
+        cdef int64_t* token_offsets = wide + 4 * batch
+        cdef int64_t* group_offsets = wide + 5 * batch + 1
+        cdef int64_t* block_offsets = wide + 6 * batch + 2
+        cdef int64_t* replaced_blocks = wide + 6 * batch + 3 + num_segments
+        cdef int64_t* released_blocks = wide + 6 * batch + 3 + 2 * num_segments
+        cdef int32_t* tokens = narrow
+        cdef int32_t* block_ids = narrow + total_tokens
         cdef RowJob* job
         cdef SegmentJob* part
         cdef ReportSlot* slot
@@ -623,7 +602,9 @@ cdef class ReportState:
             replaced_tokens[row] = 0 if job.is_new else slot.num_tokens - job.begin
             count = job.end - job.begin
             debug_assert(0 <= count and token_offset + count <= total_tokens)
-            if count:
+            if count == 1:
+                tokens[token_offset] = job.data[job.begin]
+            elif count:
                 memcpy(tokens + token_offset, job.data + job.begin, count * sizeof(int32_t))
             token_offset += count
             token_offsets[row + 1] = token_offset
@@ -637,7 +618,9 @@ cdef class ReportState:
                 part = &self.segments[segment]
                 count = part.end - part.begin
                 debug_assert(0 <= count and block_offset + count <= total_blocks)
-                if count:
+                if count == 1:
+                    block_ids[block_offset] = part.data[part.begin]
+                elif count:
                     memcpy(block_ids + block_offset, part.data + part.begin, count * sizeof(int32_t))
                 block_offset += count
                 block_offsets[segment + 1] = block_offset
@@ -677,6 +660,11 @@ cdef class ReportState:
     @property
     def num_tracked_requests(self):
         return self.num_live
+
+    @property
+    def num_output_allocations(self):
+        """Output arrays allocated so far (reports reuse them when nobody holds them)."""
+        return self.arena.num_allocations
 
     def tracked_request_ids(self):
         cdef Py_ssize_t number

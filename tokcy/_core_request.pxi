@@ -203,6 +203,9 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     cdef Py_ssize_t _chunk_size
     cdef tuple _block_tables
     cdef Py_ssize_t _num_pauses      # bumped by pause(): the connector then reports anew
+    # the connector's report slot for this request, a hint only: a ReportState uses it when
+    # its slot of that number is live and holds this request id (else it probes its table)
+    cdef Py_ssize_t _report_slot
     cdef list _beams                 # Int32Buffer per beam
     cdef Py_ssize_t _orig_prompt_len
     cdef int64_t _max_new_tokens     # NO_LIMIT for None
@@ -220,6 +223,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._max_new_tokens = NO_LIMIT
         self._draft_tokens = NO_DRAFTS
         self._block_tables = ()
+        self._report_slot = -1
 
     @cython.embedsignature(False)  # the class docstring carries the signature for inspect/help
     def __init__(self, request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1):

@@ -43,7 +43,16 @@ from tokcy._pure.request import Request
 from tokcy._state import RequestState
 from tokcy._tokens import as_index
 
-__all__ = ["ReportState"]
+__all__ = ["ReportColumns", "ReportState"]
+
+_FINISHED = RequestState.GENERATION_COMPLETE
+_new_tuple = tuple.__new__
+
+
+def _lowest(a, b, c):
+    """min(a, b, c) for ints, without the builtin's call overhead (this runs per buffer)."""
+    low = a if a < b else b  # noqa: FURB136 - min() is a call, this runs per buffer
+    return low if low < c else c  # noqa: FURB136
 
 
 class _Slot:
@@ -62,34 +71,35 @@ class _Slot:
 class ReportState:
     """Per-request report state of one ``SchedulerOutputManager`` and its batch loop."""
 
-    __slots__ = ("_slots", "_busy")
+    __slots__ = ("_busy", "_num_reports", "_slots")
 
     def __init__(self):
         self._slots = {}  # request id -> _Slot
         self._busy = False  # a build() is running (the compiled twin releases the GIL in it)
+        self._num_reports = 0
 
     def build(self, context_requests, generation_requests, device_token_requests=()):
-        """Report one iteration; returns the columnar arrays (see tokcy.connector.SchedulerOutput)."""
+        """Report one iteration; returns (number of context rows, the report's columns: a
+        ``ReportColumns``, whose ``arrays()`` are ``tokcy.connector.SchedulerOutput``'s)."""
         if self._busy:
             checks.busy()
         self._busy = True
         try:
-            return self._build(list(context_requests), list(generation_requests), list(device_token_requests))
+            groups = (list(context_requests), list(generation_requests), list(device_token_requests))
+            fresh = {}  # slots for never-seen ids: added to the manager only once all is valid
+            rows = []
+            consumed = []  # (buffer, its dirty_from before): put back if the call fails
+            try:
+                self._plan(groups, fresh, set(), rows, consumed)
+            except BaseException:
+                for buffer, dirty_from in consumed:
+                    buffer.dirty_from = min(buffer.dirty_from, dirty_from)
+                raise
+            columns = self._commit(fresh, rows)
+            self._num_reports += 1
+            return len(groups[0]), columns
         finally:
             self._busy = False
-
-    def _build(self, *groups):
-        fresh = {}  # slots for never-seen ids: added to the manager only once all is valid
-        seen = set()
-        rows = []
-        consumed = []  # (buffer, its dirty_from before): put back if the call fails
-        try:
-            self._plan(groups, fresh, seen, rows, consumed)
-        except BaseException:
-            for buffer, dirty_from in consumed:
-                buffer.dirty_from = min(buffer.dirty_from, dirty_from)
-            raise
-        return self._commit(fresh, rows)
 
     def _plan(self, groups, fresh, seen, rows, consumed):
         # pass 1: validate the whole batch and plan the copies; nothing is changed but the
@@ -102,7 +112,7 @@ class ReportState:
                     checks.not_a_request(checks.GROUPS[kind], index, request, Request)
                 beam = request._beams[0]
                 request_id = request._request_id
-                if request._state == RequestState.GENERATION_COMPLETE:
+                if request._state == _FINISHED:
                     checks.finished(request_id)
                 slot = self._slots.get(request_id)
                 if slot is None:
@@ -119,7 +129,7 @@ class ReportState:
                     checks.matched_past_position(request_id, slot.matched, request._context_position)
                 is_new = not slot.reported or slot.num_pauses != request._num_pauses
                 size = beam.size
-                begin = 0 if is_new else min(slot.num_tokens, beam.dirty_from, size)
+                begin = 0 if is_new else _lowest(slot.num_tokens, beam.dirty_from, size)
                 if kind == 0:  # context: the cursor, less connector-matched tokens
                     position = request._context_position - slot.matched
                     scheduled = request._chunk_size
@@ -129,17 +139,21 @@ class ReportState:
                 else:  # device token: the newest token, at position n, is still on the device
                     position = size
                     scheduled = 1
+                if not 0 <= begin <= size:  # the loop-boundary check (numpy would wrap a negative begin)
+                    checks.outside_buffer(request_id, begin, size, size)
                 segments = []
                 for group, table in enumerate(tables):
                     buffer = table._buffer
                     end = buffer.size
                     reported = 0 if is_new else slot.num_blocks[group]
-                    block_begin = 0 if is_new else min(reported, buffer.dirty_from, end)
+                    block_begin = 0 if is_new else _lowest(reported, buffer.dirty_from, end)
+                    if not 0 <= block_begin <= end:
+                        checks.outside_buffer(request_id, block_begin, end, end)
                     released = table._num_released
                     segments.append((buffer, buffer.storage, block_begin, end, reported - block_begin, released))
                 replaced = 0 if is_new else slot.num_tokens - begin
-                token_plan = (beam, beam.storage, begin, size, replaced)
-                rows.append((request_id, request._num_pauses, slot, is_new, token_plan, position, scheduled, segments))
+                rows.append((request_id, is_new, position, scheduled, replaced, request._num_pauses, slot,
+                             beam.storage, begin, size, segments))
                 # consume the marks as read (the row is planned: nothing below can fail)
                 consumed.append((beam, beam.dirty_from))
                 beam.dirty_from = size
@@ -148,54 +162,39 @@ class ReportState:
                     buffer.dirty_from = end
 
     def _commit(self, fresh, rows):
-
-        _check_spans(rows)
-        # pass 2: copy the planned deltas, then commit
+        # pass 2: copy the planned deltas, then commit. The columns are gathered as lists
+        # and become three arrays, one per dtype, in the compiled twin's layout (ReportColumns)
         self._slots.update(fresh)
-        batch = len(rows)
-        request_ids = np.empty(batch, dtype=np.int64)
-        is_new = np.empty(batch, dtype=np.bool_)
-        positions = np.empty(batch, dtype=np.int64)
-        scheduled = np.empty(batch, dtype=np.int64)
-        replaced_tokens = np.empty(batch, dtype=np.int64)
-        token_offsets = np.zeros(batch + 1, dtype=np.int64)
-        group_offsets = np.zeros(batch + 1, dtype=np.int64)
-        token_pieces, block_pieces, block_counts, replaced_blocks, released_blocks = [], [], [0], [], []
-        for row, (request_id, num_pauses, slot, new, token_plan, position, count, segments) in enumerate(rows):
-            beam, storage, begin, end, replaced = token_plan
-            request_ids[row] = request_id
-            is_new[row] = new
-            positions[row] = position
-            scheduled[row] = count
-            replaced_tokens[row] = replaced
-            token_pieces.append(storage[begin:end])
-            token_offsets[row + 1] = token_offsets[row] + end - begin
-            group_offsets[row + 1] = group_offsets[row] + len(segments)
+        columns = tuple(zip(*rows)) if rows else ((),) * 5  # the per-row values, column by column
+        request_ids, is_new, positions, scheduled, replaced_tokens = columns[:5]
+        token_offsets, group_offsets, block_offsets = [0], [0], [0]
+        replaced_blocks, released_blocks, token_pieces, block_pieces = [], [], [], []
+        num_tokens = num_segments = num_blocks = 0
+        sliced = False
+        for _, _, _, _, _, num_pauses, slot, storage, begin, end, segments in rows:
+            sliced |= _take(token_pieces, storage, begin, end)
+            num_tokens += end - begin
+            token_offsets.append(num_tokens)
+            num_segments += len(segments)
+            group_offsets.append(num_segments)
             slot.num_tokens = end
             slot.num_pauses = num_pauses
             slot.matched = 0  # used by a context row, discarded by any other
             slot.reported = True
             slot.num_blocks = []
-            for buffer, storage, block_begin, block_end, block_replaced, released in segments:
-                block_pieces.append(storage[block_begin:block_end])
-                block_counts.append(block_end - block_begin)
+            for _, storage, block_begin, block_end, block_replaced, released in segments:
+                sliced |= _take(block_pieces, storage, block_begin, block_end)
+                num_blocks += block_end - block_begin
+                block_offsets.append(num_blocks)
                 replaced_blocks.append(block_replaced)
                 released_blocks.append(released)
                 slot.num_blocks.append(block_end)
-        return (
-            request_ids,
-            is_new,
-            positions,
-            scheduled,
-            replaced_tokens,
-            token_offsets,
-            _concatenate(token_pieces),
-            group_offsets,
-            np.cumsum(np.array(block_counts, dtype=np.int64)),
-            _concatenate(block_pieces),
-            np.array(replaced_blocks, dtype=np.int64),
-            np.array(released_blocks, dtype=np.int64),
-        )
+        wide = [*request_ids, *positions, *scheduled, *replaced_tokens, *token_offsets, *group_offsets, *block_offsets,
+                *replaced_blocks, *released_blocks]
+        # the copies are taken now (a snapshot of the buffers); the int64 and bool columns
+        # are plain Python values already, and become arrays when first read
+        narrow = _join(token_pieces + block_pieces, sliced)
+        return _new_tuple(ReportColumns, (wide, narrow, is_new, len(rows), num_segments, num_tokens, num_blocks))
 
     def record_matched_tokens(self, request_id, num_tokens):
         request_id = as_index(request_id, "request_id")
@@ -227,20 +226,60 @@ class ReportState:
     def num_tracked_requests(self):
         return len(self._slots)
 
+    @property
+    def num_output_allocations(self):
+        """Output arrays allocated so far: three per report (the twin reuses none; the
+        compiled twin reuses its three while nobody references them)."""
+        return 3 * self._num_reports
+
     def tracked_request_ids(self):
         return sorted(self._slots)
 
 
-def _check_spans(rows):
-    """The loop-boundary re-check, as in the compiled twin: every planned copy lies
-    inside its buffer (numpy would wrap a negative begin instead of failing)."""
-    for request_id, _, _, _, token_plan, _, _, segments in rows:
-        beam, _, begin, end, _ = token_plan
-        spans = [(beam, begin, end)] + [(buffer, first, last) for buffer, _, first, last, _, _ in segments]
-        for buffer, first, last in spans:
-            if first < 0 or first > last or last > buffer.size:
-                checks.outside_buffer(request_id, first, last, buffer.size)
+def _take(pieces, storage, begin, end):
+    """Append ``storage[begin:end]`` to ``pieces``: one entry as a Python int (decode: cheaper
+    than a slice), more as a slice of the storage. True if it appended a slice."""
+    if end - begin == 1:
+        pieces.append(storage.item(begin))
+        return False
+    if end > begin:
+        pieces.append(storage[begin:end])
+        return True
+    return False
 
 
-def _concatenate(pieces):
-    return np.concatenate(pieces).astype(np.int32, copy=False) if pieces else np.empty(0, dtype=np.int32)
+def _join(pieces, sliced):
+    """``pieces`` in order, each an int (one entry) or, if ``sliced``, some are int32 slices
+    of a buffer's storage: then copied now into one int32 array (a snapshot: the storage
+    may be written later); a list of ints otherwise (already a snapshot)."""
+    if not sliced:  # decode: every piece one entry
+        return pieces
+    pieces = [np.array([piece], dtype=np.int32) if type(piece) is int else piece for piece in pieces]
+    return pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
+
+
+class ReportColumns(tuple):
+    """One report's columns in three parts, one per dtype, as the tuple ``(wide, narrow,
+    flags, batch, num_segments, num_tokens, num_blocks)``: the int64 columns one after
+    another in ``wide`` (request ids, positions, scheduled and replaced tokens: one per row;
+    token and group offsets: one per row and one; block offsets: one per segment and one;
+    replaced and released blocks: one per segment), the tokens then the block ids in
+    ``narrow`` (an int32 array, or a list of ints), ``is_new`` in ``flags``. ``wide`` and
+    ``flags`` are lists of Python values (immutable snapshots); ``arrays()`` makes the arrays and slices them
+    into SchedulerOutput's columns. The compiled twin keeps the same layout in arrays it
+    reuses. (A tuple: the cheapest object to build once per call.)"""
+
+    __slots__ = ()
+
+    def arrays(self):
+        """The twelve columns in ``SchedulerOutput``'s order (new arrays on every call)."""
+        wide, narrow, flags, b, s, t, num_blocks = self
+        wide = np.array(wide, dtype=np.int64)
+        if type(narrow) is list:
+            narrow = np.array(narrow, dtype=np.int32)
+        return (
+            wide[0:b], np.array(flags, dtype=np.bool_), wide[b : 2 * b], wide[2 * b : 3 * b], wide[3 * b : 4 * b],
+            wide[4 * b : 5 * b + 1], narrow[0:t], wide[5 * b + 1 : 6 * b + 2], wide[6 * b + 2 : 6 * b + 3 + s],
+            narrow[t : t + num_blocks], wide[6 * b + 3 + s : 6 * b + 3 + 2 * s],
+            wide[6 * b + 3 + 2 * s : 6 * b + 3 + 3 * s],
+        )

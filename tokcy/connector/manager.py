@@ -1,7 +1,7 @@
 """``SchedulerOutputManager``: the connector-facing object an engine keeps for its lifetime."""
 
 from tokcy import _backend
-from tokcy.connector.output import SchedulerOutput
+from tokcy.connector.output import from_report
 
 
 class SchedulerOutputManager:
@@ -45,11 +45,7 @@ class SchedulerOutputManager:
         corrupt memory, but what it changes during the call is its own race (the report
         shows each request as it was when the call read it).
         """
-        context_requests = list(context_requests)
-        return SchedulerOutput(
-            len(context_requests),
-            *self._state.build(context_requests, generation_requests, device_token_requests),
-        )
+        return from_report(self._state.build(context_requests, generation_requests, device_token_requests))
 
     def record_matched_tokens(self, request_id, num_tokens):
         """Record ``num_tokens`` tokens the connector itself supplied for ``request_id``.

@@ -1,10 +1,18 @@
 """``SchedulerOutput`` (columnar arrays, one row per scheduled request) and ``RequestData`` (its rows, built lazily)."""
 
-from itertools import compress, repeat
+from itertools import compress, pairwise, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from tokcy import _backend
+
+COLUMNS = (
+    "request_ids", "is_new", "computed_positions", "num_scheduled_tokens", "num_replaced_tokens", "token_offsets",
+    "tokens", "group_offsets", "block_offsets", "block_ids", "num_replaced_blocks", "num_released_blocks",
+)
+"""``SchedulerOutput``'s columns, in the order of its constructor's arguments."""
 
 
 class SchedulerOutput:
@@ -20,9 +28,17 @@ class SchedulerOutput:
       ``block_ids[block_offsets[s]:block_offsets[s + 1]]`` (int32, flat), and
       ``num_replaced_blocks[s]`` / ``num_released_blocks[s]`` (int64) go with it.
 
+    The arrays are this report's own: nothing writes to them after the call, for as long
+    as anyone holds the output, a column or a view of one. (The compiled backend writes a
+    report into arrays it keeps, reusing them for a later report only once nothing
+    references them any more; it makes the column arrays on their first read.)
+
     ``new_requests`` and ``cached_requests`` are lists of ``RequestData`` built on first
     access; ``num_context_requests`` rows come first.
     """
+
+    __slots__ = ("num_context_requests", *COLUMNS, "_source", "_all_rows", "_new_requests", "_cached_requests",
+                 "__weakref__")
 
     def __init__(
         self,
@@ -41,27 +57,32 @@ class SchedulerOutput:
         num_released_blocks,
     ):
         self.num_context_requests = num_context_requests
-        self.request_ids = request_ids
-        self.is_new = is_new
-        self.computed_positions = computed_positions
-        self.num_scheduled_tokens = num_scheduled_tokens
-        self.num_replaced_tokens = num_replaced_tokens
-        self.token_offsets = token_offsets
-        self.tokens = tokens
-        self.group_offsets = group_offsets
-        self.block_offsets = block_offsets
-        self.block_ids = block_ids
-        self.num_replaced_blocks = num_replaced_blocks
-        self.num_released_blocks = num_released_blocks
-        self._new_requests = None
-        self._cached_requests = None
-        self._all_rows = None
+        self._source = (
+            request_ids, is_new, computed_positions, num_scheduled_tokens, num_replaced_tokens, token_offsets, tokens,
+            group_offsets, block_offsets, block_ids, num_replaced_blocks, num_released_blocks,
+        )
 
-    def _rows(self):
-        """Every row's ``RequestData``, in row order, built on first use (see ``RequestData``)."""
-        if self._all_rows is None:
-            self._all_rows = _build_rows(self)
-        return self._all_rows
+    def __getattr__(self, name):
+        # reached only for a slot not set yet: a column (all are set from the backend's
+        # report on the first read of any) or a list of RequestData (made on first use)
+        if name in _COLUMN_SLOTS:
+            source = self._source
+            for column, array in zip(_COLUMN_SLOTS.values(), source if type(source) is tuple else source.arrays()):
+                column.__set__(self, array)
+            return _COLUMN_SLOTS[name].__get__(self)
+        if name == "_all_rows":
+            self._all_rows = rows = _build_rows(self)
+            return rows
+        if name == "_new_requests":
+            self._new_requests = rows = list(compress(self._all_rows, self.is_new.tolist()))
+            return rows
+        if name == "_cached_requests":
+            self._cached_requests = rows = list(compress(self._all_rows, (~self.is_new).tolist()))
+            return rows
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __reduce__(self):
+        return type(self), (self.num_context_requests, *(getattr(self, name) for name in COLUMNS))
 
     def __len__(self):
         return len(self.request_ids)
@@ -70,25 +91,21 @@ class SchedulerOutput:
         """``RequestData`` for one row."""
         if not 0 <= row < len(self.request_ids):
             raise IndexError(f"row {row} is out of range for {len(self.request_ids)} scheduled requests")
-        return self._rows()[row]
+        return self._all_rows[row]
 
     @property
     def requests(self):
         """``RequestData`` for every row, in row order (a new list)."""
-        return list(self._rows())
+        return list(self._all_rows)
 
     @property
     def new_requests(self):
         """``RequestData`` of the rows reported as new (first report, or after reset / pause)."""
-        if self._new_requests is None:
-            self._new_requests = list(compress(self._rows(), self.is_new.tolist()))
         return self._new_requests
 
     @property
     def cached_requests(self):
         """``RequestData`` of the rows reported as deltas."""
-        if self._cached_requests is None:
-            self._cached_requests = list(compress(self._rows(), (~self.is_new).tolist()))
         return self._cached_requests
 
     @property
@@ -106,6 +123,18 @@ class SchedulerOutput:
             f"{type(self).__name__}(new={int(self.is_new.sum())}, cached={int((~self.is_new).sum())}, "
             f"tokens={len(self.tokens)}, blocks={len(self.block_ids)})"
         )
+
+
+_COLUMN_SLOTS = {name: SchedulerOutput.__dict__[name] for name in COLUMNS}  # name -> its slot descriptor
+_new_object = object.__new__
+
+
+def from_report(report):
+    """The ``SchedulerOutput`` of a backend's ``ReportState.build`` result: (number of
+    context rows, the columns: a tuple of arrays, or an object whose ``arrays()`` makes them)."""
+    output = _new_object(SchedulerOutput)
+    output.num_context_requests, output._source = report
+    return output
 
 
 class _Columns:
@@ -252,19 +281,51 @@ def _row_slices(flat, offsets):
 
 
 def _build_rows(output):
-    """The ``RequestData`` of every row of ``output`` (all columns read once, as lists)."""
+    """The ``RequestData`` of every row of ``output``: built by the compiled backend in one
+    C pass when it is live, else through lists here (the same tuples either way)."""
+    if type(output._source) is tuple:  # columns given to the constructor: check them first
+        _check_layout(output)
+    build = getattr(_backend.module, "request_rows", _request_rows)
+    return build(RequestData, output, _Columns(output))
+
+
+def _check_layout(output):
+    """ValueError unless every row's offsets lie inside the columns (what a manager's
+    report always satisfies), with the compiled builder's messages."""
+    count = len(output.request_ids)
+    per_row = (output.is_new, output.computed_positions, output.num_scheduled_tokens, output.num_replaced_tokens)
+    if any(len(column) != count for column in per_row) or not (
+        len(output.token_offsets) == len(output.group_offsets) == count + 1
+    ):
+        raise ValueError("the SchedulerOutput's per-row columns differ in length")
+    tokens, groups, blocks = (np.asarray(column, dtype=np.int64) for column in
+                              (output.token_offsets, output.group_offsets, output.block_offsets))
+    bad = (tokens[:-1] < 0) | (tokens[:-1] > tokens[1:]) | (tokens[1:] > len(output.tokens))
+    bad |= (groups[:-1] < 0) | (groups[:-1] > groups[1:]) | (groups[1:] >= len(blocks))
+    if not bad.any():
+        first = groups[:-1][groups[:-1] < groups[1:]]
+        bad_first = (blocks[first] < 0) | (blocks[first] > blocks[first + 1]) | (blocks[first + 1] > len(output.block_ids))
+        bad[np.flatnonzero(groups[:-1] < groups[1:])[bad_first]] = True
+    if bad.any():
+        raise ValueError(f"the SchedulerOutput's offsets of row {int(np.argmax(bad))} lie outside its columns")
+
+
+def _request_rows(cls, output, columns):
+    """The pure-Python builder of ``_build_rows``: every column read once, as lists."""
     count = len(output.request_ids)
     token_offsets = output.token_offsets
     new_tokens = _row_slices(output.tokens, token_offsets)
-    if len(output.block_offsets) - 1 == count:  # one layer group per row (every row has one or more)
-        new_block_ids = _row_slices(output.block_ids, output.block_offsets)
-    else:  # group 0 of each row
+    if len(output.block_offsets) - 1 == count and np.array_equal(output.group_offsets, np.arange(count + 1)):
+        new_block_ids = _row_slices(output.block_ids, output.block_offsets)  # one layer group per row
+    else:  # group 0 of each row that has one
         block_offsets, block_ids = output.block_offsets.tolist(), output.block_ids.tolist()
+        bounds = output.group_offsets.tolist()
         new_block_ids = [
-            block_ids[block_offsets[first] : block_offsets[first + 1]] for first in output.group_offsets[:-1].tolist()
+            block_ids[block_offsets[first] : block_offsets[first + 1]] if first < last else []
+            for first, last in pairwise(bounds)
         ]
-    return list(map(tuple.__new__, repeat(RequestData), zip(
+    return list(map(tuple.__new__, repeat(cls), zip(
         output.request_ids.tolist(), output.is_new.tolist(), new_tokens, new_block_ids,
         output.computed_positions.tolist(), output.num_scheduled_tokens.tolist(), output.num_replaced_tokens.tolist(),
-        range(count), repeat(_Columns(output)),
+        range(count), repeat(columns),
     )))

@@ -4,6 +4,8 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+COLUMNS: tuple[str, ...]
+
 class SchedulerOutput:
     num_context_requests: int
     request_ids: npt.NDArray[np.int64]
@@ -46,6 +48,8 @@ class SchedulerOutput:
     def num_new_tokens(self) -> int: ...
     @property
     def num_new_blocks(self) -> int: ...
+
+def from_report(report: tuple[int, Any]) -> SchedulerOutput: ...
 
 # a tuple underneath (the cheapest per-row object), built by SchedulerOutput, read by field
 class RequestData(tuple[Any, ...]):

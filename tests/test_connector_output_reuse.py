@@ -1,0 +1,168 @@
+"""The report's output arrays: reused by the compiled backend only once nobody holds them.
+
+Worked examples written by hand (a held report, a held column, a view, a buffer export
+never change while later reports run), allocation counts through the state's
+``num_output_allocations`` counter (steady decode allocates nothing once warm; a held
+column costs exactly its own array; a huge report does not pin its memory), arrays
+tampered with through a column's ``base`` never reused, the request's slot hint when
+slots are reused for other ids or the request is reported by another manager, and the
+public constructor and pickling of ``SchedulerOutput``.
+"""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from tokcy import RequestState
+from tokcy.connector import SchedulerOutput, SchedulerOutputManager
+from tokcy.connector.output import COLUMNS
+
+
+def is_compiled(backend):
+    return backend.__name__ == "tokcy._core"
+
+
+def columns(output):
+    return {name: getattr(output, name).tolist() for name in COLUMNS}
+
+
+def decoding(backend, count, prompt_len=3):
+    """``count`` requests past their context report, and their manager."""
+    manager = SchedulerOutputManager()
+    requests = []
+    for number in range(count):
+        request = backend.Request(number, list(range(100 * number, 100 * number + prompt_len)))
+        request.block_tables[0].append(number)
+        requests.append(request)
+    manager.build_scheduler_output(requests, [])
+    for request in requests:
+        request.move_to_next_context_chunk()
+        request.state = RequestState.GENERATION_IN_PROGRESS
+    return manager, requests
+
+
+def step(manager, requests, token):
+    for request in requests:
+        request.add_new_token(token)
+    return manager.build_scheduler_output([], requests)
+
+
+def test_held_reports_columns_views_and_exports_never_change(backend):
+    manager, (a, b) = decoding(backend, 2)
+    a.block_tables[0].append(50)
+    held = step(manager, [a, b], 7)
+    expected = {
+        "request_ids": [0, 1], "is_new": [False, False], "computed_positions": [3, 3],
+        "num_scheduled_tokens": [1, 1], "num_replaced_tokens": [0, 0], "token_offsets": [0, 1, 2],
+        "tokens": [7, 7], "group_offsets": [0, 1, 2], "block_offsets": [0, 1, 1], "block_ids": [50],
+        "num_replaced_blocks": [0, 0], "num_released_blocks": [0, 0],
+    }
+    assert columns(held) == expected
+    tokens_only = step(manager, [a, b], 8).tokens  # the rest of that report is dropped
+    view = step(manager, [a, b], 9).block_offsets[1:]
+    export = memoryview(step(manager, [a, b], 10).request_ids)
+    for token in range(11, 40):
+        step(manager, [a, b], token)
+    assert columns(held) == expected
+    assert tokens_only.tolist() == [8, 8] and view.tolist() == [0, 0] and export.tolist() == [0, 1]
+    assert step(manager, [b, a], 40).tokens.tolist() == [40, 40]
+
+
+def test_steady_decode_allocates_nothing_once_warm(backend):
+    manager, requests = decoding(backend, 4)
+    step(manager, requests, 1)  # the first decode report: sized for decode from now on
+    before = manager._state.num_output_allocations
+    for token in range(2, 22):
+        output = step(manager, requests, token)
+        assert output.tokens.tolist() == [token] * 4
+        del output
+    assert manager._state.num_output_allocations - before == (0 if is_compiled(backend) else 3 * 20)
+
+
+def test_a_held_column_costs_the_next_report_its_own_array_only(backend):
+    manager, requests = decoding(backend, 4)
+    step(manager, requests, 1)
+    held_tokens = step(manager, requests, 2).tokens
+    before = manager._state.num_output_allocations
+    assert step(manager, requests, 3).tokens.tolist() == [3] * 4
+    assert manager._state.num_output_allocations - before == (1 if is_compiled(backend) else 3)
+    assert held_tokens.tolist() == [2] * 4
+
+
+def test_a_huge_report_does_not_pin_its_arrays(backend):
+    manager, requests = decoding(backend, 1, prompt_len=100_000)
+    before = manager._state.num_output_allocations
+    step(manager, requests, 1)  # the 100,000-token context report's int32 array is far too large
+    assert manager._state.num_output_allocations - before == (1 if is_compiled(backend) else 3)
+    before = manager._state.num_output_allocations
+    for token in range(2, 6):
+        step(manager, requests, token)
+    assert manager._state.num_output_allocations - before == (0 if is_compiled(backend) else 3 * 4)
+
+
+TAMPERINGS = {
+    "read-only": lambda array: setattr(array.flags, "writeable", False),
+    "other dtype": lambda array: setattr(array, "dtype", np.uint32),
+    "two-dimensional": lambda array: setattr(array, "shape", (1, array.size)),
+}
+
+
+@pytest.mark.parametrize("tampering", sorted(TAMPERINGS))
+def test_an_array_changed_through_a_columns_base_is_never_reused(backend, tampering):
+    manager, requests = decoding(backend, 3)
+    step(manager, requests, 1)
+    output = step(manager, requests, 2)
+    owner = output.tokens.base
+    del output
+    if owner is not None:
+        TAMPERINGS[tampering](owner)
+        del owner
+    before = manager._state.num_output_allocations
+    output = step(manager, requests, 3)
+    assert output.tokens.tolist() == [3, 3, 3] and output.tokens.flags.writeable
+    assert output.tokens.dtype == np.int32 and output.tokens.ndim == 1
+    assert manager._state.num_output_allocations - before == (1 if is_compiled(backend) else 3)
+
+
+def test_a_failed_call_leaves_held_and_later_reports_right(backend):
+    manager, (a, b) = decoding(backend, 2)
+    held = step(manager, [a, b], 5)
+    expected = columns(held)
+    a.add_new_token(6)
+    with pytest.raises(ValueError, match="scheduled more than once"):
+        manager.build_scheduler_output([], [a, b, a])
+    assert columns(held) == expected
+    output = manager.build_scheduler_output([], [a])
+    assert output.tokens.tolist() == [6] and output.computed_positions.tolist() == [4]
+
+
+def test_slot_hint_after_slot_reuse_and_in_another_manager(backend):
+    manager = SchedulerOutputManager()
+    five = backend.Request(5, [1, 2])
+    assert manager.build_scheduler_output([five], []).tokens.tolist() == [1, 2]
+    manager.request_finished(5)
+    nine = backend.Request(9, [3])
+    manager.build_scheduler_output([nine], [])  # takes the slot 5 had
+    five.add_new_token(4)
+    again = manager.build_scheduler_output([], [five])  # its hint now names 9's slot
+    assert (again.is_new.tolist(), again.tokens.tolist(), again.computed_positions.tolist()) == ([True], [1, 2, 4], [2])
+    nine.add_new_token(6)
+    assert manager.build_scheduler_output([], [nine]).tokens.tolist() == [6]
+    other = SchedulerOutputManager()  # the same request objects, slots of another state
+    other.build_scheduler_output([backend.Request(7, [8])], [])
+    first = other.build_scheduler_output([], [nine])
+    assert (first.is_new.tolist(), first.tokens.tolist()) == ([True], [3, 6])
+    assert manager.tracked_request_ids() == [5, 9] and other.tracked_request_ids() == [7, 9]
+
+
+def test_scheduler_output_constructor_and_pickle(backend):
+    manager, (a,) = decoding(backend, 1)
+    output = step(manager, [a], 4)
+    restored = pickle.loads(pickle.dumps(output))
+    assert type(restored) is SchedulerOutput and columns(restored) == columns(output)
+    assert restored.num_context_requests == 0 and restored.cached_requests == output.cached_requests
+    made = SchedulerOutput(0, *(getattr(output, name).copy() for name in COLUMNS))
+    assert columns(made) == columns(output) and len(made) == 1
+    with pytest.raises(AttributeError, match="no attribute 'no_such_column'"):
+        made.no_such_column  # noqa: B018 - the read is the test

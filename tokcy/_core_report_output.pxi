@@ -1,0 +1,267 @@
+# The memory of the KV-connector report's columns (compiled core), reused across calls.
+#
+# A report's twelve columns live in three numpy arrays, one per dtype (OutputArena): the
+# int64 columns one after another in one, the tokens and block ids in an int32 one, is_new
+# in a bool one. A SchedulerOutput holds a ReportColumns, and the columns themselves are
+# slices of those arrays, made on first read. The arena keeps each array after the call
+# and reuses it for the next report only when nothing else references it any more (its
+# reference count is the arena's own: no output, column, view or buffer export of it is
+# alive anywhere, since each of those holds a reference to it), and when it still is the
+# writable, 1-D, contiguous array of its dtype the arena made (a user can reach it through
+# a column's ``base`` and change it). So a report's arrays stay valid, and never change,
+# for as long as anyone holds them; a report kept alive only costs the next call a fresh
+# allocation. The check runs before the report's plan (numpy's buffer export may run
+# Python code when it refuses); after the plan only sizes are compared, in C, so a report
+# into kept arrays runs no Python code from its first read of a request to its last write.
+
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release
+
+cdef extern from "Python.h":
+    # on borrowed pointers: an object argument would add a reference of its own to the count
+    Py_ssize_t reference_count "Py_REFCNT"(PyObject* obj)
+    int get_buffer "PyObject_GetBuffer"(PyObject* obj, Py_buffer* view, int flags)
+    void PyErr_Clear()
+
+# arrays the arena keeps are shrunk when a report needs under a quarter of one (and the
+# array is larger than this many entries): one large report does not pin its memory forever
+cdef Py_ssize_t ARENA_SHRINK_MIN = 1 << 14
+
+
+cdef struct ArenaArray:
+    void* data                 # the array's entries, valid while the arena holds the array alone
+    Py_ssize_t capacity        # entries
+
+
+cdef inline void claim_array(ArenaArray* array, Py_ssize_t needed) noexcept nogil:
+    if array.capacity < needed or (array.capacity > ARENA_SHRINK_MIN and 4 * needed < array.capacity):
+        array.data = NULL
+
+
+cdef inline Py_ssize_t int64_entries(Py_ssize_t batch, Py_ssize_t num_segments) noexcept nogil:
+    """request_ids, positions, scheduled, replaced_tokens (batch each), token_offsets and
+    group_offsets (batch + 1 each), block_offsets (segments + 1), replaced and released
+    blocks (segments each), in that order."""
+    return 6 * batch + 3 * num_segments + 3
+
+
+@cython.final
+@cython.auto_pickle(False)  # a SchedulerOutput pickles its columns, never this
+cdef class ReportColumns:
+    """The columns of one report, as slices of the arena's arrays (made by ``arrays()``)."""
+
+    cdef object int64_array
+    cdef object int32_array
+    cdef object bool_array
+    cdef Py_ssize_t batch
+    cdef Py_ssize_t num_segments
+    cdef Py_ssize_t num_tokens
+    cdef Py_ssize_t num_blocks
+
+    def arrays(self):
+        """The twelve columns in ``SchedulerOutput``'s order (new slices on every call)."""
+        cdef Py_ssize_t b = self.batch, s = self.num_segments, t = self.num_tokens
+        wide = self.int64_array
+        narrow = self.int32_array
+        return (
+            wide[0:b],
+            self.bool_array[0:b],
+            wide[b : 2 * b],
+            wide[2 * b : 3 * b],
+            wide[3 * b : 4 * b],
+            wide[4 * b : 5 * b + 1],
+            narrow[0:t],
+            wide[5 * b + 1 : 6 * b + 2],
+            wide[6 * b + 2 : 6 * b + 3 + s],
+            narrow[t : t + self.num_blocks],
+            wide[6 * b + 3 + s : 6 * b + 3 + 2 * s],
+            wide[6 * b + 3 + 2 * s : 6 * b + 3 + 3 * s],
+        )
+
+
+cdef inline bint same_kind(const char* format, char format_code) noexcept:
+    """``format`` (a buffer's, native order) is ``format_code``: '?' for bool, 'i' for any
+    signed integer code (int64 is 'l' or 'q' by platform; the item size is checked apart)."""
+    if format[0] == b"@"[0]:
+        format += 1
+    if format[0] == 0 or format[1] != 0:
+        return False
+    if format_code == b"?"[0]:
+        return format[0] == format_code
+    return format[0] in b"bhilq"
+
+
+cdef void* reusable_data(PyObject* array, Py_ssize_t itemsize, char format_code, Py_ssize_t* capacity) noexcept:
+    """The entries of ``array`` (borrowed from its one holder), their number in
+    ``capacity``, if the arena may write into it: nothing else references it and it still
+    is a writable 1-D contiguous array of that item type; NULL otherwise (this may run
+    Python code: numpy raises, then the error is cleared)."""
+    cdef Py_buffer view
+    cdef void* data = NULL
+    capacity[0] = 0
+    if array == <PyObject*>None or reference_count(array) != 1:
+        return NULL
+    if get_buffer(array, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) != 0:
+        PyErr_Clear()
+        return NULL
+    if (view.ndim == 1 and view.itemsize == itemsize and view.format != NULL and view.buf != NULL
+            and same_kind(view.format, format_code)):
+        data = view.buf
+        capacity[0] = view.len // itemsize
+    PyBuffer_Release(&view)
+    return data
+
+
+@cython.final
+@cython.no_gc  # holds numpy arrays only (no cycle), and hands them to no one through gc.get_referents
+cdef class OutputArena:
+    """The three arrays a ReportState writes its reports into (see the top of this file)."""
+
+    cdef object int64_array
+    cdef object int32_array
+    cdef object bool_array
+    cdef ArenaArray wide
+    cdef ArenaArray narrow
+    cdef ArenaArray flags
+    cdef Py_ssize_t num_allocations    # arrays allocated so far (a counter for tests)
+
+    cdef void inspect(self) noexcept:
+        """Before a report's plan: find which kept arrays may be written (see
+        ``reusable_data``). This may run Python code; from here to the end of the copy
+        nothing but ``allocate`` does, so the arrays found stay as they are."""
+        self.wide.data = reusable_data(<PyObject*>self.int64_array, 8, b"i"[0], &self.wide.capacity)
+        self.narrow.data = reusable_data(<PyObject*>self.int32_array, 4, b"i"[0], &self.narrow.capacity)
+        self.flags.data = reusable_data(<PyObject*>self.bool_array, 1, b"?"[0], &self.flags.capacity)
+
+    cdef bint claim(self, Py_ssize_t num_wide, Py_ssize_t num_narrow, Py_ssize_t num_flags) noexcept nogil:
+        """After the plan: keep each array ``inspect`` found if it is large enough and not
+        far too large; True if all three are kept, False if ``allocate`` must replace some.
+        Plain C: no Python code runs here."""
+        claim_array(&self.wide, num_wide)
+        claim_array(&self.narrow, num_narrow)
+        claim_array(&self.flags, num_flags)
+        return self.wide.data != NULL and self.narrow.data != NULL and self.flags.data != NULL
+
+    cdef int allocate(self, Py_ssize_t num_wide, Py_ssize_t num_narrow, Py_ssize_t num_flags) except -1:
+        """Replace every array ``claim`` did not keep (this may run Python code: the
+        garbage collector). The replaced arrays stay with whoever holds them."""
+        if self.wide.data == NULL:
+            self.int64_array = self._new(&self.wide, np.int64, 8, b"i"[0], num_wide)
+        if self.narrow.data == NULL:
+            self.int32_array = self._new(&self.narrow, np.int32, 4, b"i"[0], num_narrow)
+        if self.flags.data == NULL:
+            self.bool_array = self._new(&self.flags, np.bool_, 1, b"?"[0], num_flags)
+        return 0
+
+    cdef object _new(self, ArenaArray* slot, object dtype, Py_ssize_t itemsize, char code, Py_ssize_t needed):
+        array = np.empty(grown_capacity(0, needed + needed // 4), dtype=dtype)
+        slot.data = NULL
+        if reference_count(<PyObject*>array) == 1:  # a fresh array: held by this frame alone
+            slot.data = reusable_data(<PyObject*>array, itemsize, code, &slot.capacity)
+        if slot.data == NULL or slot.capacity < needed:  # never: a fresh array fits; never write through NULL
+            raise MemoryError("a report's output array could not be set up")
+        self.num_allocations += 1
+        return array
+
+    cdef ReportColumns columns(self, Py_ssize_t batch, Py_ssize_t num_segments, Py_ssize_t num_tokens,
+                               Py_ssize_t num_blocks):
+        """The report just written, for a SchedulerOutput (it references the arrays from now on)."""
+        cdef ReportColumns columns = ReportColumns.__new__(ReportColumns)
+        columns.int64_array = self.int64_array
+        columns.int32_array = self.int32_array
+        columns.bool_array = self.bool_array
+        columns.batch = batch
+        columns.num_segments = num_segments
+        columns.num_tokens = num_tokens
+        columns.num_blocks = num_blocks
+        return columns
+
+
+# ---------------------------------------------------------------------- RequestData rows
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.long cimport PyLong_FromLongLong
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_SET_ITEM
+
+cdef extern from "Python.h":
+    ctypedef struct PyTypeObject
+    # a zeroed instance of a variable-size type (tuple's own subtype allocation), tracked
+    object PyType_GenericAlloc(PyTypeObject* type, Py_ssize_t num_items)
+
+
+cdef inline list int32_list(const int32_t* values, int64_t begin, int64_t end):
+    cdef list result = PyList_New(end - begin)
+    cdef int64_t index
+    cdef object value
+    for index in range(begin, end):
+        value = values[index]
+        Py_INCREF(value)  # PyList_SET_ITEM steals the reference
+        PyList_SET_ITEM(result, index - begin, value)
+    return result
+
+
+cdef inline void set_item(object row, Py_ssize_t index, object value):
+    Py_INCREF(value)  # PyTuple_SET_ITEM steals the reference
+    PyTuple_SET_ITEM(row, index, value)
+
+
+def request_rows(cls, output, columns):
+    """The ``RequestData`` of every row of ``output`` (``cls``: that tuple subclass; its
+    items: request id, is_new, new tokens, group-0 new block ids, computed position,
+    scheduled tokens, replaced tokens, the row, ``columns``), built from the columns in
+    one C pass; the pure twin builds the same tuples through lists (connector/output.py).
+    The columns' layout is checked by the caller (a manager's, or ``check_layout``)."""
+    cdef const int64_t[::1] request_ids = np.ascontiguousarray(output.request_ids, dtype=np.int64)
+    cdef const unsigned char[::1] is_new = np.ascontiguousarray(output.is_new, dtype=np.bool_).view(np.uint8)
+    cdef const int64_t[::1] positions = np.ascontiguousarray(output.computed_positions, dtype=np.int64)
+    cdef const int64_t[::1] scheduled = np.ascontiguousarray(output.num_scheduled_tokens, dtype=np.int64)
+    cdef const int64_t[::1] replaced = np.ascontiguousarray(output.num_replaced_tokens, dtype=np.int64)
+    cdef const int64_t[::1] token_offsets = np.ascontiguousarray(output.token_offsets, dtype=np.int64)
+    cdef const int32_t[::1] tokens = np.ascontiguousarray(output.tokens, dtype=np.int32)
+    cdef const int64_t[::1] group_offsets = np.ascontiguousarray(output.group_offsets, dtype=np.int64)
+    cdef const int64_t[::1] block_offsets = np.ascontiguousarray(output.block_offsets, dtype=np.int64)
+    cdef const int32_t[::1] block_ids = np.ascontiguousarray(output.block_ids, dtype=np.int32)
+    cdef Py_ssize_t count = request_ids.shape[0], row
+    cdef int64_t first
+    if not (isinstance(cls, type) and issubclass(cls, tuple)):
+        raise TypeError("request_rows builds tuples of a tuple subclass")
+    cdef list rows
+    cdef object data, request_id, new_tokens, new_block_ids, position, num_scheduled, num_replaced, row_number
+    if not (is_new.shape[0] == positions.shape[0] == scheduled.shape[0] == replaced.shape[0] == count
+            and token_offsets.shape[0] == group_offsets.shape[0] == count + 1):
+        raise ValueError("the SchedulerOutput's per-row columns differ in length")
+    for row in range(count):  # every slice below inside its column (the caller checked; never trust it)
+        first = group_offsets[row]
+        if not (0 <= token_offsets[row] <= token_offsets[row + 1] <= tokens.shape[0]
+                and 0 <= first <= group_offsets[row + 1] < block_offsets.shape[0]
+                and (first == group_offsets[row + 1]
+                     or 0 <= block_offsets[first] <= block_offsets[first + 1] <= block_ids.shape[0])):
+            raise ValueError(f"the SchedulerOutput's offsets of row {row} lie outside its columns")
+    rows = PyList_New(count)
+    for row in range(count):
+        # every item first, then the tuple (nothing allocates while it is half filled: the
+        # garbage collector, which any allocation may run, can see every tracked object)
+        request_id = PyLong_FromLongLong(request_ids[row])
+        new_tokens = int32_list(&tokens[0] if tokens.shape[0] else NULL, token_offsets[row], token_offsets[row + 1])
+        first = group_offsets[row]
+        if first < group_offsets[row + 1]:
+            new_block_ids = int32_list(&block_ids[0] if block_ids.shape[0] else NULL,
+                                       block_offsets[first], block_offsets[first + 1])
+        else:  # no layer group
+            new_block_ids = []
+        position = PyLong_FromLongLong(positions[row])
+        num_scheduled = PyLong_FromLongLong(scheduled[row])
+        num_replaced = PyLong_FromLongLong(replaced[row])
+        row_number = row
+        data = PyType_GenericAlloc(<PyTypeObject*><PyObject*>cls, 9)  # a tuple of cls, its 9 items set now
+        set_item(data, 0, request_id)
+        set_item(data, 1, True if is_new[row] else False)
+        set_item(data, 2, new_tokens)
+        set_item(data, 3, new_block_ids)
+        set_item(data, 4, position)
+        set_item(data, 5, num_scheduled)
+        set_item(data, 6, num_replaced)
+        set_item(data, 7, row_number)
+        set_item(data, 8, columns)
+        Py_INCREF(data)  # PyList_SET_ITEM steals the reference
+        PyList_SET_ITEM(rows, row, data)
+    return rows
