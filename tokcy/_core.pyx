@@ -23,10 +23,13 @@ cdef int64_t INT32_MIN = -2147483648
 cdef int64_t INT32_MAX = 2147483647
 
 include "_core_buffer.pxi"
+include "_core_block_table.pxi"
 include "_core_request.pxi"
 
 include "_core_metadata.pxi"
 include "_core_rows.pxi"
+include "_core_seen.pxi"
 include "_core_prepare.pxi"
 include "_core_report_output.pxi"
+include "_core_report_jobs.pxi"
 include "_core_report.pxi"

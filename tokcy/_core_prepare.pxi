@@ -18,18 +18,14 @@
 
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF, Py_XINCREF
 from cpython.sequence cimport PySequence_Fast_ITEMS
-from libc.stdlib cimport calloc, free, realloc
-from libc.stdint cimport uint64_t
+from libc.stdlib cimport free, realloc
+from libc.string cimport memset
 
 from tokcy import _prepare_checks as _checks
 
 # pass 2 releases the GIL when it writes at least this many entries (token rows plus
 # metadata entries); below, releasing and retaking it costs more than the write itself
 cdef Py_ssize_t NOGIL_MIN_WRITES = 1 << 15
-
-cdef struct SeenEntry:         # one slot of the duplicate-id hash set
-    int64_t request_id
-    int64_t stamp              # the plan that inserted it: a slot is used iff stamp == the plan's
 
 
 @cython.final
@@ -46,12 +42,7 @@ cdef class InputWriter:
     cdef Py_ssize_t _capacity
     cdef PlainRow* _plain
     cdef Py_ssize_t _plain_capacity, _num_plain
-    cdef SeenEntry* _seen_ids           # the request ids of the plan (open addressing)
-    cdef Py_ssize_t _seen_capacity
-    cdef int64_t _seen_stamp            # bumped per plan: no clearing between plans
-    cdef bint _seen_hashing             # False while the plan's ids have only increased
-    cdef bint _seen_any
-    cdef int64_t _seen_last             # the largest id so far, while not hashing
+    cdef SeenIds _seen_ids              # the plan's request ids (_core_seen.pxi)
     # the planned batch
     cdef Py_ssize_t _num_specs, _num_context, _first_draft_end
     cdef Py_ssize_t _num_padding, _num_context_tokens, _num_tokens, _num_gather
@@ -75,9 +66,7 @@ cdef class InputWriter:
         self._plain = NULL
         self._plain_capacity = 0
         self._num_plain = 0
-        self._seen_ids = NULL
-        self._seen_capacity = 0
-        self._seen_stamp = 0
+        memset(&self._seen_ids, 0, sizeof(SeenIds))
         self._planned = False
         self._busy = False
         self._owns_refs = False
@@ -95,7 +84,7 @@ cdef class InputWriter:
         self._release()
         free(self._specs)
         free(self._plain)
-        free(self._seen_ids)
+        free(self._seen_ids.entries)
 
     # ------------------------------------------------------------------ outputs
     def bind(self, int32_t[::1] input_ids, int32_t[::1] position_ids, int32_t[::1] gather_ids,
@@ -146,60 +135,21 @@ cdef class InputWriter:
         self._capacity = capacity
         return 0
 
-    cdef int _reset_seen(self, Py_ssize_t num_requests) except -1:
-        """An empty duplicate-id set for a plan of ``num_requests`` requests (load <= 1/2)."""
-        cdef Py_ssize_t capacity = 64
-        cdef SeenEntry* grown
-        while capacity < 2 * num_requests:
-            capacity *= 2
-        if capacity > self._seen_capacity:
-            grown = <SeenEntry*>calloc(capacity, sizeof(SeenEntry))  # stamps 0: all free
-            if grown == NULL:
-                raise MemoryError()
-            free(self._seen_ids)
-            self._seen_ids = grown
-            self._seen_capacity = capacity
-        self._seen_stamp += 1
-        self._seen_hashing = False
-        self._seen_any = False
-        return 0
-
     cdef inline bint _seen(self, int64_t key) noexcept:
-        """Insert key; True if it was already there. While the ids come in increasing order
-        (the usual batch) a new one is larger than all before it: no hash probe. The first
-        id out of order fills the hash set with the ids planned so far, then probes."""
-        if not self._seen_hashing:
-            if not self._seen_any or key > self._seen_last:
-                self._seen_any = True
-                self._seen_last = key
-                return False
-            self._start_hashing()
-        return self._probe_seen(key)
-
-    cdef void _start_hashing(self) noexcept:
-        """Insert every id the plan holds (each planned sequence's; a request's beam rows
-        share one) into the hash set."""
+        """Insert key into the plan's id set; True if it was already there. While the ids
+        come in increasing order (the usual batch) a new one is larger than all before it:
+        no hash probe. The first id out of order fills the hash set with the ids planned
+        so far (each planned sequence's; a request's beam rows share one), then probes."""
         cdef Py_ssize_t index
-        self._seen_hashing = True
-        for index in range(self._num_specs):
-            self._probe_seen(self._specs[index].request_id)
-        for index in range(self._num_plain):
-            self._probe_seen(self._plain[index].request_id)
-
-    cdef inline bint _probe_seen(self, int64_t key) noexcept:
-        """The hash set: insert key; True if it was already there."""
-        cdef Py_ssize_t mask = self._seen_capacity - 1
-        cdef uint64_t h = (<uint64_t>key) * <uint64_t>0x9E3779B97F4A7C15
-        cdef Py_ssize_t index = <Py_ssize_t>(h >> 32) & mask
-        cdef SeenEntry* entry = &self._seen_ids[index]
-        while entry.stamp == self._seen_stamp:
-            if entry.request_id == key:
-                return True
-            index = (index + 1) & mask
-            entry = &self._seen_ids[index]
-        entry.stamp = self._seen_stamp
-        entry.request_id = key
-        return False
+        if seen_ascending(&self._seen_ids, key):
+            return False
+        if not self._seen_ids.hashing:
+            self._seen_ids.hashing = True
+            for index in range(self._num_specs):
+                seen_probe(&self._seen_ids, self._specs[index].request_id)
+            for index in range(self._num_plain):
+                seen_probe(&self._seen_ids, self._plain[index].request_id)
+        return seen_probe(&self._seen_ids, key)
 
     cdef void _release(self) noexcept:
         cdef Py_ssize_t index
@@ -338,7 +288,7 @@ cdef class InputWriter:
         batch_sizes = None if cuda_graph_batch_sizes is None else _checks.owned_batch_sizes(cuda_graph_batch_sizes)
         self._batch = (contexts, generations, first_drafts, devices)
         self._owns_refs = own
-        self._reset_seen(len(contexts) + len(generations) + len(first_drafts) + len(devices))
+        seen_reset(&self._seen_ids, len(contexts) + len(generations) + len(first_drafts) + len(devices))
         self._grow(len(contexts) + len(first_drafts) + len(devices))
         self._grow_plain(len(generations))
         if block_sizes is not None:
