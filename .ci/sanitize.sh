@@ -28,6 +28,9 @@ REPORTS=$(mktemp -d)
 status=0
 # detect_leaks=0: CPython's own allocations at exit are not ours to judge; every other
 # report halts the process (halt_on_error, and -fno-sanitize-recover=all in the build).
+# PYTHONMALLOC=malloc: every Python object is a malloc block, so a use of a freed object
+# (a buffer, a request) is a report too; with pymalloc's arenas ASan sees only raw buffers.
+PYTHONMALLOC=malloc \
 LD_PRELOAD="$LIBASAN $LIBSTDCXX" \
 ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:log_path=$REPORTS/asan" \
 UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$REPORTS/ubsan" \

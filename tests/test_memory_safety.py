@@ -385,3 +385,40 @@ def test_2_a_second_thread_is_refused_while_the_first_consumes_its_generator(bac
     release.set()
     worker.join()
     assert results["a"] == [1, 2]
+
+
+def test_a_failed_report_never_writes_into_a_buffer_freed_by_its_error(backend):
+    """The report plans its first request, then meets a non-Request whose type's module
+    name runs Python code (the error message reads it) that re-initialises the first request,
+    freeing the buffers the plan pointed into. The failed call must not write into them
+    (it consumes no mark before the whole batch is valid; under the sanitizer build a
+    write would be a heap-use-after-free report), and the re-initialised request's next
+    report is whole."""
+    manager = SchedulerOutputManager()
+    first = backend.Request(1, list(range(100)))
+    first.block_tables[0].extend(range(8))
+    manager.build_scheduler_output([first], [])
+    first.add_new_token(5)  # a change for the next report to carry
+
+    class Module:
+        """A module name whose comparison runs Python code (the error message compares it)."""
+
+        def __eq__(self, other):
+            first.__init__(1, [7, 8, 9])  # the old buffers lose their last reference
+            first.block_tables[0].extend([40])
+            return False
+
+        __hash__ = object.__hash__
+
+        def __str__(self):
+            return "hostile"
+
+    class Hostile:
+        pass
+
+    Hostile.__module__ = Module()
+
+    with pytest.raises(TypeError, match=r"context_requests\[1\] must be a Request, not .*Hostile"):
+        manager.build_scheduler_output([first, Hostile()], [])
+    output = manager.build_scheduler_output([first], [])
+    assert output.tokens.tolist() == [7, 8, 9] and output.block_ids.tolist() == [40]

@@ -380,7 +380,8 @@ cdef class ReportState:
         cdef RowJob* job
         cdef OutputArena arena = self.arena
         cdef int64_t stamp
-        cdef bint release_gil = False
+        cdef bint release_gil = False, claimed
+        cdef Py_ssize_t consumed = 0         # rows whose marks this call consumed
         if self.busy:
             _report_checks.busy()
         self.busy = True
@@ -398,12 +399,14 @@ cdef class ReportState:
             try:
                 # pass 1 (with the GIL): validate the whole batch and plan the copies. Sizes
                 # and low-water marks are read here, once: the report is the state at plan
-                # time. Nothing is committed but the connector's marks, consumed as each row
-                # is planned (restore_marks() below if the call fails), and the requests'
-                # slot hints (hints only). The jobs' buffer/data/dirty pointers are
-                # borrowed: this loop runs no Python code and drops no reference (errors
-                # abort it), so nothing it points into can change or be freed before pass
-                # 2, or before _hold_jobs below owns it if anything runs in between.
+                # time. Nothing is committed but the requests' slot hints (hints only). The
+                # jobs' buffer/data/dirty pointers are borrowed: this loop runs no Python
+                # code and drops no reference, so nothing it points into can change or be
+                # freed before pass 2, or before _hold_jobs below owns it if anything runs
+                # in between. An error aborts the loop, and building its message runs
+                # Python code (which may free a planned request's buffers): so the marks
+                # are consumed only once the whole batch is valid, and never written after
+                # an error unless their buffers are owned.
                 for kind in range(3):
                     items = <list>groups[kind]
                     for index in range(len(items)):
@@ -418,7 +421,6 @@ cdef class ReportState:
                         total_tokens += job.end - job.begin
                         for group in range(job.first_segment, total_segments):
                             total_blocks += self.segments[group].end - self.segments[group].begin
-                        consume_marks(job, &self.segments[job.first_segment])
                         row += 1
                 # The output goes into the arena's arrays when nothing else references
                 # them (found before the plan; no Python code runs to claim them). A new array is allocated
@@ -430,13 +432,19 @@ cdef class ReportState:
                 # would cost more than the copy, and getting it back can wait a whole switch
                 # interval), and with no Python code since pass 1 it needs no reference.
                 release_gil = total_tokens + total_blocks >= NOGIL_MIN_ENTRIES
-                if not arena.claim(int64_entries(batch, total_segments), total_tokens + total_blocks, batch):
+                claimed = arena.claim(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
+                if not claimed or release_gil:
                     self._hold_jobs(batch, total_segments)
+                # the batch is valid and no Python code has run since its marks were read:
+                # consume them (restore_marks() puts them back if the allocation fails; the
+                # buffers are owned by then)
+                for index in range(batch):
+                    consume_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
+                consumed = batch
+                if not claimed:
                     arena.allocate(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
-                elif release_gil:
-                    self._hold_jobs(batch, total_segments)
             except BaseException:
-                for index in range(row):
+                for index in range(consumed):
                     restore_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
                 while num_fresh:
                     num_fresh -= 1
