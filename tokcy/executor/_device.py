@@ -282,7 +282,7 @@ class InputPreparer:
             if self.block_sizes is not None:
                 num_changed = host._metadata[1][2]  # the writer's results(): changed table entries
                 used += 2 * num_changed
-            target, sources = self._copy_prefixes(used)
+            target, sources = self._copy_pairs.get(used) or self._copy_prefixes(used)
             if self._numpy_copy:
                 target[:] = sources[slot]
             else:

@@ -311,9 +311,12 @@ def prepare_into(out, module, context_requests, generation_requests, first_draft
     """``prepare_inputs(..., out=out)`` with its arguments already checked (``sizes_per_group``:
     a tuple of block sizes or None); ``InputPreparer`` calls it every step."""
     writer = out._writers.get(module) or out.writer(module)
-    prepared = PreparedInputs._of(out.arrays, writer.prepare(
-        context_requests, generation_requests, first_draft_requests, device_token_requests, max_draft_len,
-        cuda_graph_batch_sizes, out.max_beam_width or 0, sizes_per_group))
+    counts = writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                            max_draft_len, cuda_graph_batch_sizes, out.max_beam_width or 0, sizes_per_group)
+    prepared = _new_object(PreparedInputs)  # as in prepare_inputs: no __init__ call per step
+    prepared._arrays = out.arrays
+    prepared._counts = counts
+    prepared._metadata = None
     if sizes_per_group is not None:
         prepared._set_metadata(out.metadata, out.metadata.bound(module).results(), sizes_per_group)
     return prepared
