@@ -293,17 +293,8 @@ def prepare_inputs(context_requests, generation_requests, *, first_draft_request
         return prepared
     if not isinstance(out, HostBuffers):
         raise TypeError(f"out must be a tokcy.executor.HostBuffers, not {type(out).__name__}")
-    # prepare_into(), inlined: this is the per-step call, and a Python call costs ~0.2 us
-    writer = out._writers.get(module) or out.writer(module)
-    counts = writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                            max_draft_len, cuda_graph_batch_sizes, out.max_beam_width or 0, sizes_per_group)
-    prepared = _new_object(PreparedInputs)  # PreparedInputs(out.arrays, counts) without the __init__ call
-    prepared._arrays = out.arrays
-    prepared._counts = counts
-    prepared._metadata = None
-    if sizes_per_group is not None:
-        prepared._set_metadata(out.metadata, out.metadata.bound(module).results(), sizes_per_group)
-    return prepared
+    return prepare_into(out, module, context_requests, generation_requests, first_draft_requests,
+                        device_token_requests, max_draft_len, cuda_graph_batch_sizes, sizes_per_group)
 
 
 def prepare_into(out, module, context_requests, generation_requests, first_draft_requests, device_token_requests,
@@ -313,7 +304,7 @@ def prepare_into(out, module, context_requests, generation_requests, first_draft
     writer = out._writers.get(module) or out.writer(module)
     counts = writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
                             max_draft_len, cuda_graph_batch_sizes, out.max_beam_width or 0, sizes_per_group)
-    prepared = _new_object(PreparedInputs)  # as in prepare_inputs: no __init__ call per step
+    prepared = _new_object(PreparedInputs)  # PreparedInputs(out.arrays, counts) without the __init__ call
     prepared._arrays = out.arrays
     prepared._counts = counts
     prepared._metadata = None
