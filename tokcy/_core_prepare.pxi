@@ -49,7 +49,7 @@ cdef class InputWriter:
     cdef Py_ssize_t _num_draft_tokens, _num_draft_requests, _num_device, _device_row_start
     cdef bint _planned, _busy
     cdef bint _owns_refs                # the specs hold references to the storages they point into
-    cdef object _batch                  # the planned call's request sequences, held until _release()
+    cdef object _contexts, _generations, _first_drafts, _devices  # the planned batch, held until _release()
     cdef AttentionMetadata _metadata    # set_metadata(); None: no metadata outputs
     cdef AttentionMetadata _meta        # the planned call's: _metadata with block sizes, else None
     cdef int64_t _meta_serial           # _meta.plan_serial after this writer planned it
@@ -166,7 +166,8 @@ cdef class InputWriter:
             self._meta.release()
             self._meta = None
         self._planned = False
-        self._batch = None  # last: dropping it may free requests, hence run Python code
+        # last: dropping the batch may free requests, hence run Python code
+        self._contexts = self._generations = self._first_drafts = self._devices = None
 
     cdef void _take_refs(self) noexcept:
         """Own every storage the planned specs point into (a plan made with own=False,
@@ -232,8 +233,9 @@ cdef class InputWriter:
         cdef PyObject* item
         cdef PyObject* buffer
         cdef PlainRow* row
-        cdef Py_ssize_t n
-        while index < count and self._num_plain < self._plain_capacity:
+        cdef Py_ssize_t n, start = index
+        cdef Py_ssize_t end = min(count, index + self._plain_capacity - self._num_plain)  # rows fit
+        while index < end:
             item = items[index]
             if <void*>item.ob_type != <void*>Request:
                 break
@@ -242,9 +244,14 @@ cdef class InputWriter:
                 break
             buffer = <PyObject*>(<Request>item)._beam0
             n = (<Int32Buffer>buffer).size
-            if n == 0 or n > (<Int32Buffer>buffer).capacity or self._seen((<Request>item)._request_id):
+            if n == 0 or n > (<Int32Buffer>buffer).capacity:
                 break
-            row = &self._plain[self._num_plain]
+            if not seen_ascending(&self._seen_ids, (<Request>item)._request_id):
+                self._count_plain_rows(index - start)  # the set is filled from the counted rows
+                start = index
+                if self._seen((<Request>item)._request_id):
+                    break
+            row = &self._plain[self._num_plain + index - start]
             row.src = (<Int32Buffer>buffer).data + n - 1
             row.src_owner = <PyObject*>(<Int32Buffer>buffer).storage
             if own:
@@ -253,14 +260,19 @@ cdef class InputWriter:
             row.pos0 = <int32_t>(n - 1)
             row.prompt_len = <int32_t>(<Request>item)._prompt_len
             row.meta_index = -1
-            self._num_plain += 1
-            self._num_tokens += 1
-            self._num_gather += 1
             index += 1
             if meta is not None:
                 row.meta_index = <int32_t>meta.num_planned
+                self._count_plain_rows(index - start)  # plan_sequence may raise: count them first
+                start = index
                 meta.plan_sequence(<Request>item, n - 1, 1)
+        self._count_plain_rows(index - start)
         return index
+
+    cdef inline void _count_plain_rows(self, Py_ssize_t count) noexcept:
+        self._num_plain += count
+        self._num_tokens += count
+        self._num_gather += count
 
     # ------------------------------------------------------------------ pass 1
     cdef int _plan(self, object context_requests, object generation_requests, object first_draft_requests,
@@ -286,7 +298,8 @@ cdef class InputWriter:
         first_drafts = first_draft_requests if type(first_draft_requests) in (list, tuple) else tuple(first_draft_requests)
         devices = device_token_requests if type(device_token_requests) in (list, tuple) else tuple(device_token_requests)
         batch_sizes = None if cuda_graph_batch_sizes is None else _checks.owned_batch_sizes(cuda_graph_batch_sizes)
-        self._batch = (contexts, generations, first_drafts, devices)
+        self._contexts, self._generations, self._first_drafts, self._devices = (
+            contexts, generations, first_drafts, devices)
         self._owns_refs = own
         seen_reset(&self._seen_ids, len(contexts) + len(generations) + len(first_drafts) + len(devices))
         self._grow(len(contexts) + len(first_drafts) + len(devices))

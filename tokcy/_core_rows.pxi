@@ -136,11 +136,12 @@ cdef void emit_plain_rows(const PlainRow* rows, Py_ssize_t count, Outputs* out, 
         out.prompt_lens[seq] = plain.prompt_len
         out.request_ids[seq] = plain.request_id
         out.cu_seqlens[seq + 1] = <int32_t>(row + 1)
-        if meta is not None:
-            meta.write_sequence(plain.meta_index, plain.pos0, 1, row, seq)
         row += 1
         seq += 1
         gather += 1
+    if meta is not None:  # a loop of its own: the rows' loop stays branch-free
+        for index in range(count):
+            meta.write_sequence(rows[index].meta_index, rows[index].pos0, 1, counters[0] + index, counters[1] + index)
     counters[0] = row
     counters[1] = seq
     counters[2] = gather
