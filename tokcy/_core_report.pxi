@@ -342,7 +342,7 @@ cdef class ReportState:
         job.num_groups = num_groups
         for group in range(num_groups):
             table = tuple_item(tables, group)
-            if not isinstance(<object>table, BlockTable):  # never, from Request's own code
+            if <void*>table.ob_type != <void*>BlockTable and not isinstance(<object>table, BlockTable):  # never
                 raise TypeError(f"layer group {group} of request {request._request_id} is not a BlockTable")
             size = (<BlockTable>table)._buffer.size
             reported = 0

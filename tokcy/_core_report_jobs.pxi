@@ -99,5 +99,11 @@ cdef inline int check_span(int64_t request_id, Py_ssize_t begin, Py_ssize_t end,
     """The loop-boundary check of one planned copy: it lies inside its buffer (``size``
     entries of ``capacity``), whatever state the buffer's counters were in."""
     if begin < 0 or begin > end or end > size or size > capacity:
-        _report_checks.outside_buffer(request_id, begin, end, size)
+        return span_outside(request_id, begin, end, size)
     return 0
+
+
+cdef int span_outside(int64_t request_id, Py_ssize_t begin, Py_ssize_t end, Py_ssize_t size) except -1:
+    """check_span's error, out of line: the inline check stays a few instructions."""
+    _report_checks.outside_buffer(request_id, begin, end, size)
+    return -1
