@@ -336,7 +336,7 @@ cdef class InputWriter:
                 if start + chunk > request._prompt_len:
                     _checks.chunk_past_prompt(request._request_id, start, chunk, request._prompt_len)
                 spec = self._add()
-                set_spec(spec, request, request._beam0, start, chunk, chunk, start, GATHER_LAST, KIND_CONTEXT, own)
+                set_spec(spec, request, request._beam0, start, chunk, chunk, start, KIND_CONTEXT, own)
                 self._num_specs += 1
                 if meta is not None:
                     spec.meta_index = <int32_t>meta.num_planned
@@ -371,7 +371,7 @@ cdef class InputWriter:
                     if n == 0:
                         _checks.no_tokens(_checks.GENERATION, request._request_id, 0)
                     spec = self._add()
-                    set_spec(spec, request, buffer, n - 1, 1, 1 + k, n - 1, GATHER_ALL, KIND_DRAFT, own)
+                    set_spec(spec, request, buffer, n - 1, 1, 1 + k, n - 1, KIND_DRAFT, own)
                     self._num_specs += 1
                     if meta is not None:
                         spec.meta_index = <int32_t>meta.num_planned
@@ -434,7 +434,7 @@ cdef class InputWriter:
                 if start < 0:
                     start = 0
                 spec = self._add()
-                set_spec(spec, request, buffer, start, n - start, n - start, start, GATHER_LAST, KIND_FIRST_DRAFT, own)
+                set_spec(spec, request, buffer, start, n - start, n - start, start, KIND_FIRST_DRAFT, own)
                 self._num_specs += 1
                 if meta is not None:
                     spec.meta_index = <int32_t>meta.num_planned
@@ -461,7 +461,7 @@ cdef class InputWriter:
                     _checks.missing_slot(request._request_id)
                 n = request._beam0.size
                 spec = self._add()
-                set_spec(spec, request, None, 0, 0, 1, n, GATHER_LAST, KIND_DEVICE, own)
+                set_spec(spec, request, None, 0, 0, 1, n, KIND_DEVICE, own)
                 self._num_specs += 1
                 if meta is not None:
                     spec.meta_index = <int32_t>meta.num_planned

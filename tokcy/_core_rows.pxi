@@ -12,10 +12,6 @@ cdef enum:
     KIND_FIRST_DRAFT = 2
     KIND_DEVICE = 3
 
-cdef enum:
-    GATHER_LAST = 1
-    GATHER_ALL = 2
-
 
 cdef struct SeqSpec:
     const int32_t* src         # tokens copied first (ncopy of them)
@@ -30,7 +26,6 @@ cdef struct SeqSpec:
     int32_t prompt_len
     int32_t slot
     int32_t meta_index         # its sequence in the attention metadata's plan (-1: none)
-    int gather
     int kind
 
 
@@ -74,7 +69,7 @@ cdef inline void emit_seq(const SeqSpec* spec, Outputs* out, Py_ssize_t* counter
     cdef int32_t pos0 = <int32_t>spec.pos0
     debug_assert(row + spec.seq_len <= out.cap_tokens and seq < out.cap_seqs)
     debug_assert(counters[3] + spec.ndraft <= out.cap_drafts)
-    debug_assert(counters[2] + (spec.seq_len if spec.gather == GATHER_ALL else 1) <= out.cap_gather)
+    debug_assert(counters[2] + (spec.seq_len if spec.kind == KIND_DRAFT else 1) <= out.cap_gather)
     if spec.ncopy == 1:
         ids[0] = spec.src[0]
     elif spec.ncopy:
@@ -91,13 +86,13 @@ cdef inline void emit_seq(const SeqSpec* spec, Outputs* out, Py_ssize_t* counter
         ids[j] = 0
     for j in range(spec.seq_len):
         positions[j] = pos0 + <int32_t>j
-    if spec.gather == GATHER_LAST:
-        out.gather_ids[counters[2]] = <int32_t>(row + spec.seq_len - 1)
-        counters[2] += 1
-    elif spec.gather == GATHER_ALL:
+    if spec.kind == KIND_DRAFT:  # every row's logits: the drafts are verified
         for j in range(spec.seq_len):
             out.gather_ids[counters[2] + j] = <int32_t>(row + j)
         counters[2] += spec.seq_len
+    else:  # the last row's
+        out.gather_ids[counters[2]] = <int32_t>(row + spec.seq_len - 1)
+        counters[2] += 1
     if spec.kind == KIND_DEVICE:
         debug_assert(counters[5] < out.cap_device)
         out.device_token_slots[counters[5]] = spec.slot
@@ -185,7 +180,7 @@ cdef void fill_rows(const SeqSpec* specs, Py_ssize_t first_draft_end, Py_ssize_t
 
 
 cdef inline int set_spec(SeqSpec* spec, Request request, Int32Buffer source, Py_ssize_t begin, Py_ssize_t ncopy,
-                         Py_ssize_t seq_len, Py_ssize_t pos0, int gather, int kind, bint own) except -1:
+                         Py_ssize_t seq_len, Py_ssize_t pos0, int kind, bint own) except -1:
     """Describe one sequence. ``own``: hold a reference to each storage it points into
     until _release(), for a pass 2 that may run after Python code or without the GIL
     (otherwise _take_refs() does it later, if needed)."""
@@ -216,7 +211,6 @@ cdef inline int set_spec(SeqSpec* spec, Request request, Int32Buffer source, Py_
     spec.request_id = request._request_id
     spec.prompt_len = <int32_t>request._prompt_len
     spec.slot = <int32_t>request._seq_slot if kind == KIND_DEVICE else -1
-    spec.gather = gather
     spec.kind = kind
     spec.meta_index = -1
 

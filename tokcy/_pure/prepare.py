@@ -20,7 +20,6 @@ from tokcy._tokens import INT32_MAX, as_index
 __all__ = ["InputWriter"]
 
 _CONTEXT, _DRAFT, _FIRST_DRAFT, _PLAIN, _DEVICE = range(5)
-_GATHER_LAST, _GATHER_ALL = 1, 2
 _SEQ_LEN = itemgetter(5)  # a spec's rows
 _CONTEXT_INIT = RequestState.CONTEXT_INIT
 _IN_PROGRESS = RequestState.GENERATION_IN_PROGRESS

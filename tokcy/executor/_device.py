@@ -282,7 +282,7 @@ class InputPreparer:
             if self.block_sizes is not None:
                 num_changed = host._metadata[1][2]  # the writer's results(): changed table entries
                 used += 2 * num_changed
-            target, sources = self._copy_pairs.get(used) or self._copy_prefixes(used)
+            target, sources = self._copy_pairs.get(used) or self._new_copy_prefixes(used)
             if self._numpy_copy:
                 target[:] = sources[slot]
             else:
@@ -342,17 +342,16 @@ class InputPreparer:
         set_fields(inputs, self._packed_view("kv_lens", padded), self._packed_view("cu_kv_seqlens", padded + 1),
                    max_query_len, max_kv_len, groups)
 
-    def _copy_prefixes(self, used):
-        """(device packed[:used], [staging[:used] per ring slot]), made once per length."""
-        pair = self._copy_pairs.get(used)
-        if pair is None:
-            if len(self._copy_pairs) >= _MAX_CACHED_VIEWS:
-                self._copy_pairs.clear()
-            if self._numpy_copy:
-                pair = (self._device_packed.numpy()[:used], [staging.numpy()[:used] for staging in self._staging])
-            else:
-                pair = (self._device_packed[:used], [staging[:used] for staging in self._staging])
-            self._copy_pairs[used] = pair
+    def _new_copy_prefixes(self, used):
+        """(device packed[:used], [staging[:used] per ring slot]) for a length not cached yet,
+        kept in ``_copy_pairs`` (numpy views on a CPU device, torch views otherwise)."""
+        if len(self._copy_pairs) >= _MAX_CACHED_VIEWS:
+            self._copy_pairs.clear()
+        if self._numpy_copy:
+            pair = (self._device_packed.numpy()[:used], [staging.numpy()[:used] for staging in self._staging])
+        else:
+            pair = (self._device_packed[:used], [staging[:used] for staging in self._staging])
+        self._copy_pairs[used] = pair
         return pair
 
     def _packed_view(self, name, length):

@@ -108,15 +108,6 @@ class PreparedInputs:
         self._counts = counts
         self._metadata = None
 
-    @classmethod
-    def _of(cls, arrays, counts):
-        """``cls(arrays, counts)`` for a tuple or list of arrays, without the __init__ call."""
-        prepared = _new_object(cls)
-        prepared._arrays = arrays
-        prepared._counts = counts
-        prepared._metadata = None
-        return prepared
-
     def __getattr__(self, name):  # only called for a slot not set yet
         index = _ARRAY_INDEX.get(name)
         if index is not None:
@@ -278,7 +269,7 @@ def prepare_inputs(context_requests, generation_requests, *, first_draft_request
                   for index, size in enumerate(sizes)]
         writer.bind(*arrays)
         if sizes_per_group is None:
-            return PreparedInputs._of(arrays, writer.write())
+            return PreparedInputs(arrays, writer.write())
         # the token sizes are known: make the metadata arrays, then plan again with them
         requests = (context_requests, generation_requests, first_draft_requests, device_token_requests)
         if max_blocks_per_seq is None:
@@ -288,7 +279,7 @@ def prepare_inputs(context_requests, generation_requests, *, first_draft_request
                                    len(sizes_per_group))
         writer.set_metadata(metadata.bound(module))
         writer.plan(*requests, max_draft_len, cuda_graph_batch_sizes, 0, sizes_per_group)
-        prepared = PreparedInputs._of(arrays, writer.write())
+        prepared = PreparedInputs(arrays, writer.write())
         prepared._set_metadata(metadata, metadata.bound(module).results(), sizes_per_group)
         return prepared
     if not isinstance(out, HostBuffers):
