@@ -1,18 +1,20 @@
-"""RequestData: the rows of a SchedulerOutput as plain values, built for the whole report at once.
+"""RequestData: the rows of a SchedulerOutput as plain values, made lazily.
 
-A worked example written by hand, a differential test of every field against the columns
-(sliced independently with numpy), and a property test of the row slicer over the shapes
-it has fast paths for (all rows the same length, mostly empty rows, anything else).
+A worked example written by hand; a differential test of every field against the columns
+(sliced independently with numpy) over manager reports and over random hand-made
+outputs, with an independent per-row check of their layouts; reads after the columns
+changed in place; rows that outlive their report; pickling; and the bytes a report's
+rows cost (they must not grow with its tokens).
 """
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokcy import RequestState
 from tokcy.connector import RequestData, SchedulerOutput, SchedulerOutputManager
-from tokcy.connector.output import COLUMNS, _row_slices
+from tokcy.connector.output import COLUMNS
 
 
 def test_worked_example(backend):
@@ -46,8 +48,10 @@ def test_worked_example(backend):
     }
     assert (second_a.new_tokens, second_a.new_block_ids, second_a.new_block_ids_by_group) == ([13], [], [[], [9]])
     assert second_a.num_replaced_blocks_by_group == [0, 0] and second_a.computed_position == 3
-    # each row's lists are its own; the objects are built once per output
-    assert second_a.new_tokens is not second_b.new_tokens
+    # every read gives a new list, the caller's own; the objects are made once per output
+    tokens = second_a.new_tokens
+    tokens.append(99)
+    assert second_a.new_tokens == [13] and second_a.new_tokens is not second_a.new_tokens
     assert output.request_data(1) is second_a and output.requests == [second_b, second_a]
     assert second_a != second_b and second_a == output.requests[1]
     assert repr(second_b).startswith("RequestData(request_id=2, is_new=False, new_tokens=[21]")
@@ -103,20 +107,6 @@ def test_every_field_matches_the_columns(backend):
             assert [data.as_dict() for data in output.cached_requests] == [row for row in expected if not row["is_new"]]
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 3), max_size=40), st.sampled_from(["any", "uniform", "sparse"]), st.integers(0, 5))
-def test_row_slices_equal_plain_slicing(lengths, shape, start):
-    if shape == "uniform" and lengths:
-        lengths = [lengths[0]] * len(lengths)
-    elif shape == "sparse":
-        lengths = [length if index % 7 == 0 else 0 for index, length in enumerate(lengths)]
-    offsets = np.array([start] + list(np.cumsum(lengths) + start), dtype=np.int64)
-    flat = np.arange(start + sum(lengths), dtype=np.int32) * 3
-    rows = _row_slices(flat, offsets)
-    assert rows == [flat[offsets[r] : offsets[r + 1]].tolist() for r in range(len(lengths))]
-    assert all(type(row) is list for row in rows) and len({id(row) for row in rows}) == len(rows)
-
-
 def test_an_output_and_its_rows_are_freed_without_the_cycle_collector(backend):
     import gc
     import weakref
@@ -166,6 +156,174 @@ def test_a_hand_made_output_with_inconsistent_columns_is_refused(backend, change
     output = _hand_made(**changes)
     with pytest.raises(ValueError, match=message):
         output.requests  # noqa: B018 - the read is the test
-    if hasattr(backend, "request_rows"):  # the compiled builder checks again, on its own
-        with pytest.raises(ValueError, match=message):
-            backend.request_rows(RequestData, output, None)
+    with pytest.raises(ValueError, match=message):  # the backend's builder, called directly
+        backend.request_rows(output)
+
+
+def _first_bad_row(columns):
+    """The first row whose offsets leave the columns (None if none), a plain loop over
+    the rule: its tokens, its segments, each segment's block span and counts in range."""
+    token_offsets, group_offsets, block_offsets = columns["token_offsets"], columns["group_offsets"], columns["block_offsets"]
+    for row in range(len(columns["request_ids"])):
+        first, end = group_offsets[row], group_offsets[row + 1]
+        if not 0 <= token_offsets[row] <= token_offsets[row + 1] <= len(columns["tokens"]):
+            return row
+        if not 0 <= first <= end < len(block_offsets):
+            return row
+        if end > len(columns["num_replaced_blocks"]) or end > len(columns["num_released_blocks"]):
+            return row
+        for segment in range(first, end):
+            if not 0 <= block_offsets[segment] <= block_offsets[segment + 1] <= len(columns["block_ids"]):
+                return row
+    return None
+
+
+@st.composite
+def hand_made_columns(draw):
+    """Columns of a hand-made report: a valid layout, then (sometimes) one offset moved."""
+    count = draw(st.integers(0, 6))
+    token_lengths = draw(st.lists(st.integers(0, 3), min_size=count, max_size=count))
+    groups = draw(st.lists(st.integers(0, 2), min_size=count, max_size=count))
+    block_lengths = draw(st.lists(st.integers(0, 2), min_size=sum(groups), max_size=sum(groups)))
+    columns = {
+        "request_ids": draw(st.lists(st.integers(0, 10**12), min_size=count, max_size=count)),
+        "is_new": draw(st.lists(st.booleans(), min_size=count, max_size=count)),
+        "computed_positions": draw(st.lists(st.integers(0, 10**6), min_size=count, max_size=count)),
+        "num_scheduled_tokens": token_lengths,
+        "num_replaced_tokens": draw(st.lists(st.integers(0, 2), min_size=count, max_size=count)),
+        "token_offsets": np.cumsum([0] + token_lengths).tolist(),
+        "tokens": draw(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=sum(token_lengths),
+                                max_size=sum(token_lengths))),
+        "group_offsets": np.cumsum([0] + groups).tolist(),
+        "block_offsets": np.cumsum([0] + block_lengths).tolist(),
+        "block_ids": draw(st.lists(st.integers(-1, 10**6), min_size=sum(block_lengths), max_size=sum(block_lengths))),
+        "num_replaced_blocks": draw(st.lists(st.integers(0, 2), min_size=sum(groups), max_size=sum(groups))),
+        "num_released_blocks": draw(st.lists(st.integers(0, 2), min_size=sum(groups), max_size=sum(groups))),
+    }
+    if draw(st.booleans()):  # move one offset anywhere, often outside
+        name = draw(st.sampled_from(["token_offsets", "group_offsets", "block_offsets"]))
+        index = draw(st.integers(0, len(columns[name]) - 1))
+        columns[name][index] = draw(st.integers(-2, 12))
+    if draw(st.integers(0, 9)) == 0:  # a count column one short
+        columns[draw(st.sampled_from(["num_replaced_blocks", "num_released_blocks"]))][-1:] = []
+    return columns
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(columns=hand_made_columns())  # the backend fixture holds no state across examples
+def test_hand_made_outputs_against_the_columns(backend, columns):
+    output = _hand_made(**columns)
+    bad = _first_bad_row(columns)
+    if bad is not None:
+        with pytest.raises(ValueError, match=f"offsets of row {bad} lie outside"):
+            output.requests  # noqa: B018 - the read is the test
+        return
+    rows = output.requests
+    expected = _expected_rows(output)
+    assert [data.as_dict() for data in rows] == expected
+    assert [data.new_block_ids for data in rows] == [(row["new_block_ids_by_group"] or [[]])[0] for row in expected]
+    assert [data.num_layer_groups for data in rows] == [len(row["new_block_ids_by_group"]) for row in expected]
+    assert output.new_requests == [data for data in rows if data.is_new]
+    assert output.cached_requests == [data for data in rows if not data.is_new]
+
+
+def test_a_field_reads_the_columns_as_they_are_and_checks_them_again(backend):
+    output = _hand_made()
+    first, second = output.requests
+    output.tokens[2] = 77  # a column changed in place: the row reads the new value
+    assert second.new_tokens == [77]
+    output.token_offsets[2] = 9  # past the tokens: every read that follows it is refused
+    with pytest.raises(ValueError, match="offsets of row 1 lie outside"):
+        second.new_tokens  # noqa: B018
+    assert first.new_tokens == [10, 11]
+    output.block_offsets[1] = -3
+    with pytest.raises(ValueError, match="offsets of row 0 lie outside"):
+        first.new_block_ids  # noqa: B018
+    with pytest.raises(ValueError, match="offsets of row 0 lie outside"):
+        first.new_block_ids_by_group  # noqa: B018
+    output.group_offsets[1] = 5
+    for field in ("num_layer_groups", "new_block_ids", "num_replaced_blocks_by_group", "num_released_blocks_by_group"):
+        with pytest.raises(ValueError, match="offsets of row 0 lie outside"):
+            getattr(first, field)
+    assert (first.request_id, first.computed_position, second.is_new) == (3, 0, False)
+
+
+def test_segment_counts_read_after_the_segments_moved_are_checked(backend):
+    output = _hand_made(block_offsets=[0, 1, 1], num_replaced_blocks=[0], num_released_blocks=[0])
+    first, _ = output.requests  # two segments in the columns, one used: the layout holds
+    assert first.num_replaced_blocks_by_group == [0]
+    output.group_offsets[1:] = 2  # row 0 now spans both segments, the counts only one
+    assert first.new_block_ids_by_group == [[5], []]
+    for field in ("num_replaced_blocks_by_group", "num_released_blocks_by_group"):
+        with pytest.raises(ValueError, match="offsets of row 0 lie outside"):
+            getattr(first, field)
+
+
+def test_rows_outlive_their_report_and_the_next_report_leaves_them_unchanged(backend):
+    manager = SchedulerOutputManager()
+    requests = [backend.Request(i, [i, i + 1]) for i in range(3)]
+    for request in requests:
+        request.block_tables[0].append(10 + request.request_id)
+    manager.build_scheduler_output(requests, [])
+    for request in requests:
+        request.move_to_next_context_chunk()
+        request.state = RequestState.GENERATION_IN_PROGRESS
+        request.add_new_token(100 + request.request_id)
+    kept = manager.build_scheduler_output([], requests).cached_requests[1]  # the report itself is dropped
+    for step in range(3):
+        for request in requests:
+            request.add_new_token(200 + step)
+        manager.build_scheduler_output([], requests)
+    assert (kept.request_id, kept.new_tokens, kept.computed_position) == (1, [101], 2)
+
+
+def test_rows_pickle_as_their_fields(backend):
+    import pickle
+
+    for data in _hand_made().requests:
+        copy = pickle.loads(pickle.dumps(data))
+        assert isinstance(copy, RequestData) and copy == data and copy.as_dict() == data.as_dict()
+        assert copy.new_block_ids == data.new_block_ids and copy.num_layer_groups == data.num_layer_groups
+
+
+def test_rows_of_both_backends_compare_by_their_fields(both_backends):
+    compiled, pure = both_backends
+    first, second = _hand_made().requests
+    assert type(first) in (compiled.RequestData, pure.RequestData)
+    twin_rows, _, _ = pure.request_rows(_hand_made())
+    compiled_rows, _, _ = compiled.request_rows(_hand_made())
+    assert twin_rows == compiled_rows and twin_rows != compiled_rows[::-1]
+    assert [repr(data) for data in twin_rows] == [repr(data) for data in compiled_rows]
+    assert all(isinstance(data, RequestData) for data in twin_rows + compiled_rows)
+    assert (twin_rows[0] == "not a row") is False and twin_rows[0] != 3
+
+
+def test_a_row_is_made_by_its_report_only(backend):
+    with pytest.raises(TypeError, match="made by its SchedulerOutput"):
+        backend.RequestData()
+    with pytest.raises(TypeError):
+        RequestData()  # the documented type is abstract
+    with pytest.raises(TypeError):
+        hash(_hand_made().requests[0])
+
+
+def test_the_rows_of_a_report_cost_bytes_per_row_not_per_token(backend):
+    """A report of one row with 100,000 new tokens: its rows take a few hundred bytes
+    (a list per token field would take megabytes); reading the field pays for it."""
+    import tracemalloc
+
+    manager = SchedulerOutputManager()
+    output = manager.build_scheduler_output([backend.Request(1, np.arange(100_000, dtype=np.int32))], [])
+    output.request_ids  # noqa: B018 - the columns first, so only the rows are measured
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        (data,) = output.new_requests
+        rows_bytes = tracemalloc.get_traced_memory()[0] - before
+        tokens = data.new_tokens
+        field_bytes = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(tokens) == 100_000
+    assert rows_bytes < 4_096, rows_bytes
+    assert field_bytes > 100_000 * 8, field_bytes  # the list's pointers alone

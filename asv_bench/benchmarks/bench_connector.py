@@ -6,8 +6,9 @@ group every 32 tokens; then the iteration is reported. The timed call is the rep
 before every sample. Implementations:
 
 * ``tokcy``: ``SchedulerOutputManager.build_scheduler_output`` (columnar output);
-* ``tokcy+RequestData``: the same, then every ``RequestData`` built and its ``new_tokens``
-  and ``new_block_ids`` read (what a per-request consumer pays);
+* ``tokcy+RequestData``: the same, then every ``RequestData`` of the report made;
+* ``tokcy+fields``: and each row's ``new_tokens`` and ``new_block_ids`` read (what a
+  per-request consumer that reads two fields pays; the batch grid only);
 * ``before`` / ``after``: the pull request's two patterns, in ``tokcy._baselines.connector``.
 
 Three grids, each full (every cell runs): the pull request's seven (requests x tokens)
@@ -22,7 +23,7 @@ one ``python -m tokcy bench`` times.
 
 from tokcy import _backend
 from tokcy.bench import floor
-from tokcy.bench.connector import BLOCK, DecodeWorld, read_request_data
+from tokcy.bench.connector import BLOCK, CONSUMERS, DecodeWorld
 from tokcy.bench.timing import Plan
 
 from ._common import BACKENDS, NeedsFloor, backend_module
@@ -66,7 +67,7 @@ class _SteadyDecode:
         _backend.module = backend_module(backend)
         self.world = world_for(backend, num_requests, num_tokens, implementation)
         self.world.advance()
-        self.consume = read_request_data if implementation == "tokcy+RequestData" else None
+        self.consume = CONSUMERS.get(implementation)
 
     def _report(self):
         output = self.world.report()
@@ -104,7 +105,7 @@ class ConnectorSequenceLength(_SteadyDecode):
 class ConnectorBatch(_SteadyDecode):
     """B requests of 2,048 tokens: the cost per request, beside FloorReport.track_batch."""
 
-    params = (BACKENDS, BATCHES, ["tokcy", "tokcy+RequestData", "after"])
+    params = (BACKENDS, BATCHES, ["tokcy", "tokcy+RequestData", "tokcy+fields", "after"])
     param_names = ["backend", "requests", "implementation"]
 
     def setup(self, backend, num_requests, implementation):

@@ -6,8 +6,10 @@ block boundary), untimed, then the timed call reports the iteration to the conne
 Implementations:
 
 * ``tokcy``: ``tokcy.connector.SchedulerOutputManager.build_scheduler_output`` (columnar);
-* ``tokcy+RequestData``: the same, then every ``RequestData`` of the report built and its
-  ``new_tokens`` and ``new_block_ids`` read (what a per-request consumer pays);
+* ``tokcy+RequestData``: the same, then every ``RequestData`` of the report made (the
+  ``new_requests`` and ``cached_requests`` lists; a row reads its fields on demand);
+* ``tokcy+fields``: the same, then every row's ``new_tokens`` and ``new_block_ids`` read
+  too (what a per-request consumer that reads two fields pays);
 * ``before``: TensorRT-LLM before pull request #22092 (``get_tokens(0)`` whole list per
   request, whole block list copied), ``tokcy._baselines.connector.BeforeSchedulerOutputManager``;
 * ``after``: that pull request's fix (``get_num_tokens`` / ``get_tokens_range``, block list
@@ -52,10 +54,19 @@ CONFIGS = {
 }
 
 
-def read_request_data(output):
+def make_request_data(output):
+    """Every RequestData of a report (its two lists)."""
+    output.new_requests, output.cached_requests
+
+
+def read_request_fields(output):
     """What a per-request consumer does with a report: every RequestData, two fields each."""
     for data in output.cached_requests:
         data.new_tokens, data.new_block_ids
+
+
+CONSUMERS = {"tokcy+RequestData": make_request_data, "tokcy+fields": read_request_fields}
+"""What each ``tokcy+...`` implementation does with the report after it is built."""
 
 
 def make_manager(name):
@@ -65,6 +76,7 @@ def make_manager(name):
     return {
         "tokcy": SchedulerOutputManager,
         "tokcy+RequestData": SchedulerOutputManager,
+        "tokcy+fields": SchedulerOutputManager,
         "before": baselines.BeforeSchedulerOutputManager,
         "after": baselines.AfterSchedulerOutputManager,
     }[name]()
@@ -127,9 +139,9 @@ def run_row(config, backend, plan, names) -> Row:
     timings: dict[str, Timing | None] = {}
     for name, world in worlds.items():
         step = world.report
-        if name == "tokcy+RequestData":
-            def step(world=world):
-                read_request_data(world.report())
+        if name in CONSUMERS:
+            def step(world=world, consume=CONSUMERS[name]):
+                consume(world.report())
         timings[name] = measure(step, plan, before=world.advance)
     timings["floor"] = floor.report(plan, config["requests"], config["tokens"], BLOCK)
     quoted = QUOTED_MS.get((config["requests"], config["tokens"]))
@@ -157,11 +169,12 @@ class Connector(Scenario):
     name = "connector"
     title = "Connector: scheduler output in steady decode (requests x tokens), per iteration"
     columns = (("requests", "requests"), ("tokens", "tokens each"))
-    implementations = ("tokcy", "tokcy+RequestData", "before", "after", "floor")
+    implementations = ("tokcy", "tokcy+RequestData", "tokcy+fields", "before", "after", "floor")
     needs = ("tokcy.connector", "tokcy._baselines.connector")
     legend = (
         "tokcy: SchedulerOutputManager.build_scheduler_output (columnar, one pass in the backend); "
-        "tokcy+RequestData: the same, then every RequestData built and its new_tokens and new_block_ids read",
+        "tokcy+RequestData: the same, then every RequestData made; tokcy+fields: and each row's new_tokens and "
+        "new_block_ids read",
         "before: TensorRT-LLM before pull request #22092 (get_tokens(0) whole list per request + whole block list); "
         "after: its fix (get_num_tokens/get_tokens_range, block list still copied)",
         "floor: the same columns as plain C over C arrays, timed in C; tokcy/floor: tokcy's time over the floor's",

@@ -20,17 +20,18 @@ class ConnectorBatch(BatchSweep):
     name = "connector_batch"
     title = f"Connector: scheduler output for B requests of {TOKENS:,} tokens in steady decode, per iteration"
     fixed = {"tokens": TOKENS}
-    implementations = ("tokcy", "tokcy+RequestData", "after", "floor")
+    implementations = ("tokcy", "tokcy+RequestData", "tokcy+fields", "after", "floor")
     needs = ("tokcy.connector", "tokcy._baselines.connector")
     legend = (
-        "tokcy: build_scheduler_output (columnar); tokcy+RequestData: then every RequestData built, new_tokens and "
-        "new_block_ids read; after: TensorRT-LLM pull request #22092's loop; floor: the same columns as plain C",
+        "tokcy: build_scheduler_output (columnar); tokcy+RequestData: then every RequestData made; tokcy+fields: and "
+        "each row's new_tokens and new_block_ids read; after: TensorRT-LLM pull request #22092's loop; floor: the "
+        "same columns as plain C",
     )
     quoted_title = QUOTED_TITLE
     plot_xlabel = f"batch size B (requests of {TOKENS:,} tokens)"
 
     def run(self, config, backend, plan):
-        return run_row(config, backend, plan, ["tokcy", "tokcy+RequestData", "after"])
+        return run_row(config, backend, plan, ["tokcy", "tokcy+RequestData", "tokcy+fields", "after"])
 
     def goals(self, rows, backend):
         if backend == "python":

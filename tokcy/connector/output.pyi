@@ -1,4 +1,5 @@
 # Types of tokcy/connector/output.py (the module itself is left unannotated); keep in sync.
+import abc
 from typing import Any, ClassVar
 
 import numpy as np
@@ -51,8 +52,8 @@ class SchedulerOutput:
 
 def from_report(report: tuple[int, Any]) -> SchedulerOutput: ...
 
-# a tuple underneath (the cheapest per-row object), built by SchedulerOutput, read by field
-class RequestData(tuple[Any, ...]):
+# the documented type of a report's rows; each backend's row class is a virtual subclass
+class RequestData(abc.ABC):
     __hash__: ClassVar[None]  # type: ignore[assignment]
     @property
     def request_id(self) -> int: ...
@@ -76,5 +77,6 @@ class RequestData(tuple[Any, ...]):
     def num_replaced_blocks_by_group(self) -> list[int]: ...
     @property
     def num_released_blocks_by_group(self) -> list[int]: ...
+    @abc.abstractmethod
     def as_dict(self) -> dict[str, Any]: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...

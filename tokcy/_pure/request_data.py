@@ -1,0 +1,166 @@
+"""``RequestData`` rows of a ``SchedulerOutput`` (pure twin of ``_core_request_data.pxi``).
+
+A row is its report's ``RowColumns`` and its row number: making a whole report's rows is
+one small object per row, and a field is read from the columns only when it is asked
+for (every list a new one). A field reads the columns as they are when it is read, and
+checks every offset it follows against the column it indexes, as the compiled rows do.
+"""
+
+from itertools import compress
+
+import numpy as np
+
+from tokcy import _request_data
+from tokcy._request_data import COLUMNS, MADE_BY_REPORT, OUTSIDE
+
+
+class RowColumns:
+    """The columns of one report that its rows read, as 1-D arrays of the column dtypes."""
+
+    __slots__ = COLUMNS
+
+    def __init__(self, output):
+        self.request_ids = _column(output.request_ids, np.int64)
+        self.is_new = _column(output.is_new, np.bool_)
+        self.computed_positions = _column(output.computed_positions, np.int64)
+        self.num_scheduled_tokens = _column(output.num_scheduled_tokens, np.int64)
+        self.num_replaced_tokens = _column(output.num_replaced_tokens, np.int64)
+        self.token_offsets = _column(output.token_offsets, np.int64)
+        self.tokens = _column(output.tokens, np.int32)
+        self.group_offsets = _column(output.group_offsets, np.int64)
+        self.block_offsets = _column(output.block_offsets, np.int64)
+        self.block_ids = _column(output.block_ids, np.int32)
+        self.num_replaced_blocks = _column(output.num_replaced_blocks, np.int64)
+        self.num_released_blocks = _column(output.num_released_blocks, np.int64)
+
+
+def _column(values, dtype):
+    column = np.ascontiguousarray(values, dtype=dtype)
+    if column.ndim != 1:
+        raise ValueError("a SchedulerOutput's columns are one-dimensional")
+    return column
+
+
+class RequestData:
+    """One row of a ``SchedulerOutput`` (the fields are documented on
+    ``tokcy.connector.RequestData``); made by the report, never by hand."""
+
+    __slots__ = ("_columns", "_row")
+    _is_request_data = True
+
+    def __init__(self):
+        raise TypeError(MADE_BY_REPORT)
+
+    @property
+    def request_id(self):
+        return int(self._columns.request_ids[self._row])
+
+    @property
+    def is_new(self):
+        return bool(self._columns.is_new[self._row])
+
+    @property
+    def new_tokens(self):
+        return _slice(self._columns.tokens, self._columns.token_offsets, self._row, self._row)
+
+    @property
+    def computed_position(self):
+        return int(self._columns.computed_positions[self._row])
+
+    @property
+    def num_scheduled_tokens(self):
+        return int(self._columns.num_scheduled_tokens[self._row])
+
+    @property
+    def num_replaced_tokens(self):
+        return int(self._columns.num_replaced_tokens[self._row])
+
+    def _segments(self, column=None):
+        """Row's segments (a range), checked against ``block_offsets`` (and ``column``)."""
+        offsets, row = self._columns.group_offsets, self._row
+        first, end = int(offsets[row]), int(offsets[row + 1])
+        if not 0 <= first <= end < len(self._columns.block_offsets) or (column is not None and end > len(column)):
+            raise ValueError(OUTSIDE.format(row))
+        return range(first, end)
+
+    @property
+    def num_layer_groups(self):
+        return len(self._segments())
+
+    @property
+    def new_block_ids(self):
+        segments = self._segments()
+        if not segments:
+            return []
+        return _slice(self._columns.block_ids, self._columns.block_offsets, segments[0], self._row)
+
+    @property
+    def new_block_ids_by_group(self):
+        columns = self._columns
+        return [_slice(columns.block_ids, columns.block_offsets, segment, self._row) for segment in self._segments()]
+
+    @property
+    def num_replaced_blocks_by_group(self):
+        column = self._columns.num_replaced_blocks
+        return column[self._segments(column)].tolist()
+
+    @property
+    def num_released_blocks_by_group(self):
+        column = self._columns.num_released_blocks
+        return column[self._segments(column)].tolist()
+
+    as_dict = _request_data.as_dict
+    __eq__ = _request_data.equal
+    __ne__ = _request_data.not_equal
+    __hash__ = None  # type: ignore[assignment]
+    __repr__ = _request_data.describe
+    __reduce__ = _request_data.reduce
+
+
+def _slice(values, offsets, index, row):
+    """``values[offsets[index]:offsets[index + 1]]`` as a new list; ValueError naming
+    ``row`` unless both offsets lie inside ``values``. The offsets are read now: a row
+    reads its report's columns as they are when it is read."""
+    begin, end = int(offsets[index]), int(offsets[index + 1])
+    if not 0 <= begin <= end <= len(values):
+        raise ValueError(OUTSIDE.format(row))
+    return values[begin:end].tolist()
+
+
+def request_rows(output):
+    """The ``RequestData`` of every row of ``output``, and of its new rows and its cached
+    rows apart (three new lists), after checking that each row's offsets lie inside the
+    columns (ValueError naming the first row that does not)."""
+    columns = RowColumns(output)
+    _check_layout(columns)
+    rows = []
+    for row in range(len(output.request_ids)):
+        data = object.__new__(RequestData)
+        data._columns, data._row = columns, row
+        rows.append(data)
+    is_new = columns.is_new.tolist()
+    return rows, list(compress(rows, is_new)), [data for data, new in zip(rows, is_new) if not new]
+
+
+def _check_layout(output):
+    """ValueError unless the per-row columns have one length and every row's offsets lie
+    inside the columns: its tokens, its segments, each segment's block ids and counts
+    (``output``: its RowColumns; each read checks again)."""
+    count = len(output.request_ids)
+    per_row = (output.is_new, output.computed_positions, output.num_scheduled_tokens, output.num_replaced_tokens)
+    if any(len(column) != count for column in per_row) or not (
+        len(output.token_offsets) == len(output.group_offsets) == count + 1
+    ):
+        raise ValueError("the SchedulerOutput's per-row columns differ in length")
+    tokens, groups, blocks = output.token_offsets, output.group_offsets, output.block_offsets
+    starts, ends = groups[:-1], groups[1:]
+    in_segments = (starts >= 0) & (starts <= ends) & (ends < len(blocks))
+    in_segments &= (ends <= len(output.num_replaced_blocks)) & (ends <= len(output.num_released_blocks))
+    bad = (tokens[:-1] < 0) | (tokens[:-1] > tokens[1:]) | (tokens[1:] > len(output.tokens)) | ~in_segments
+    # a row is bad if any of its segments' block spans is: count the bad spans up to each segment
+    bad_span = (blocks[:-1] < 0) | (blocks[:-1] > blocks[1:]) | (blocks[1:] > len(output.block_ids))
+    bad_before = np.concatenate(([0], np.cumsum(bad_span)))
+    rows = np.flatnonzero(in_segments)
+    bad[rows] |= bad_before[ends[rows]] > bad_before[starts[rows]]
+    if bad.any():
+        raise ValueError(OUTSIDE.format(int(np.argmax(bad))))

@@ -1,0 +1,77 @@
+"""What both backends' ``RequestData`` rows share: the field list, ``as_dict``, equality,
+``repr`` and pickling, written once in terms of the fields each backend reads."""
+
+COLUMNS = (
+    "request_ids", "is_new", "computed_positions", "num_scheduled_tokens", "num_replaced_tokens", "token_offsets",
+    "tokens", "group_offsets", "block_offsets", "block_ids", "num_replaced_blocks", "num_released_blocks",
+)
+"""``SchedulerOutput``'s columns, in the order of its constructor's arguments."""
+
+FIELDS = (
+    "request_id", "is_new", "new_tokens", "new_block_ids_by_group", "computed_position", "num_scheduled_tokens",
+    "num_replaced_tokens", "num_replaced_blocks_by_group", "num_released_blocks_by_group",
+)
+"""The fields ``as_dict`` gives, in its order (``new_block_ids`` and ``num_layer_groups``
+follow from ``new_block_ids_by_group``)."""
+
+MADE_BY_REPORT = "a RequestData is made by its SchedulerOutput, not by hand"
+
+OUTSIDE = "the SchedulerOutput's offsets of row {} lie outside its columns"
+"""The ValueError's text when a row's offsets leave the columns (either backend)."""
+
+
+def is_row_type(cls):
+    """True for a backend's row class (each sets ``_is_request_data``)."""
+    return getattr(cls, "_is_request_data", False) is True
+
+
+def as_dict(data):
+    """Every field of ``data``, as plain Python values (each list a new one)."""
+    return {name: getattr(data, name) for name in FIELDS}
+
+
+def equal(data, other):
+    """``data == other``: the same fields, whichever backend made either row."""
+    if not is_row_type(type(other)):
+        return NotImplemented
+    return as_dict(data) == as_dict(other)
+
+
+def not_equal(data, other):
+    same = equal(data, other)
+    return same if same is NotImplemented else not same
+
+
+def describe(data):
+    fields = ", ".join(f"{key}={value!r}" for key, value in as_dict(data).items())
+    return f"RequestData({fields})"
+
+
+def reduce(data):
+    """A row pickles as its fields and unpickles as the one row of a new one-row report."""
+    return rebuild, (as_dict(data),)
+
+
+def rebuild(fields):
+    import numpy as np
+
+    from tokcy.connector.output import SchedulerOutput
+
+    groups = fields["new_block_ids_by_group"]
+    block_offsets = np.cumsum([0] + [len(ids) for ids in groups], dtype=np.int64)
+    output = SchedulerOutput(
+        0,
+        np.array([fields["request_id"]], dtype=np.int64),
+        np.array([fields["is_new"]], dtype=np.bool_),
+        np.array([fields["computed_position"]], dtype=np.int64),
+        np.array([fields["num_scheduled_tokens"]], dtype=np.int64),
+        np.array([fields["num_replaced_tokens"]], dtype=np.int64),
+        np.array([0, len(fields["new_tokens"])], dtype=np.int64),
+        np.array(fields["new_tokens"], dtype=np.int32),
+        np.array([0, len(groups)], dtype=np.int64),
+        block_offsets,
+        np.array([block for ids in groups for block in ids], dtype=np.int32),
+        np.array(fields["num_replaced_blocks_by_group"], dtype=np.int64),
+        np.array(fields["num_released_blocks_by_group"], dtype=np.int64),
+    )
+    return output.request_data(0)
