@@ -19,8 +19,6 @@ cdef extern from "Python.h":
     # the same call as get_buffer, its error raised here
     int export_buffer "PyObject_GetBuffer"(object obj, Py_buffer* view, int flags) except -1
 
-cdef int NUM_ROW_COLUMNS = 12
-
 
 cdef inline list int32_list(const int32_t* values, int64_t begin, int64_t end):
     """``values[begin:end]`` as a new list (the caller checked the span)."""

@@ -28,8 +28,7 @@ class SchedulerOutput:
     access; ``num_context_requests`` rows come first.
     """
 
-    __slots__ = ("num_context_requests", *COLUMNS, "_source", "_all_rows", "_new_requests", "_cached_requests",
-                 "__weakref__")
+    __slots__ = ("num_context_requests", *COLUMNS, "_source", "_rows", "__weakref__")
 
     def __init__(
         self,
@@ -48,24 +47,20 @@ class SchedulerOutput:
         num_released_blocks,
     ):
         self.num_context_requests = num_context_requests
+        self._rows = None
         self._source = (
             request_ids, is_new, computed_positions, num_scheduled_tokens, num_replaced_tokens, token_offsets, tokens,
             group_offsets, block_offsets, block_ids, num_replaced_blocks, num_released_blocks,
         )
 
     def __getattr__(self, name):
-        # reached only for a slot not set yet: a column (all are set from the backend's
-        # report on the first read of any) or a list of RequestData (all three lists are
-        # made on the first use of any)
+        # reached only for a column not set yet: all are set from the backend's report on
+        # the first read of any
         if name in _COLUMN_SLOTS:
             source = self._source
             for column, array in zip(_COLUMN_SLOTS.values(), source if type(source) is tuple else source.arrays()):
                 column.__set__(self, array)
             return _COLUMN_SLOTS[name].__get__(self)
-        if name in _ROW_SLOTS:  # all three lists are made together
-            for slot, rows in zip(_ROW_SLOTS.values(), _backend.module.request_rows(self)):
-                slot.__set__(self, rows)
-            return _ROW_SLOTS[name].__get__(self)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __reduce__(self):
@@ -78,22 +73,29 @@ class SchedulerOutput:
         """``RequestData`` for one row."""
         if not 0 <= row < len(self.request_ids):
             raise IndexError(f"row {row} is out of range for {len(self.request_ids)} scheduled requests")
-        return self._all_rows[row]
+        return self._made_rows()[0][row]
+
+    def _made_rows(self):
+        """(every row, the new rows, the cached rows): RequestData made on the first use."""
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = _backend.module.request_rows(self)
+        return rows
 
     @property
     def requests(self):
         """``RequestData`` for every row, in row order (a new list)."""
-        return list(self._all_rows)
+        return list(self._made_rows()[0])
 
     @property
     def new_requests(self):
         """``RequestData`` of the rows reported as new (first report, or after reset / pause)."""
-        return self._new_requests
+        return self._made_rows()[1]
 
     @property
     def cached_requests(self):
         """``RequestData`` of the rows reported as deltas."""
-        return self._cached_requests
+        return self._made_rows()[2]
 
     @property
     def num_new_tokens(self):
@@ -113,7 +115,6 @@ class SchedulerOutput:
 
 
 _COLUMN_SLOTS = {name: SchedulerOutput.__dict__[name] for name in COLUMNS}  # name -> its slot descriptor
-_ROW_SLOTS = {name: SchedulerOutput.__dict__[name] for name in ("_all_rows", "_new_requests", "_cached_requests")}
 _new_object = object.__new__
 
 
@@ -122,6 +123,7 @@ def from_report(report):
     context rows, the columns: a tuple of arrays, or an object whose ``arrays()`` makes them)."""
     output = _new_object(SchedulerOutput)
     output.num_context_requests, output._source = report
+    output._rows = None
     return output
 
 
