@@ -9,7 +9,9 @@ allocated, so a read of an unwritten position cannot pass by luck.
 import pytest
 import torch
 
-from tokcy.demo.engine import Engine, EngineConfig
+from engine_runs import reference_outputs
+from engine_runs import run_engine as run
+
 from tokcy.demo.model import ModelConfig, TinyTransformer
 from tokcy.demo.reference import generate
 from tokcy.demo.workload import make_workload
@@ -26,21 +28,14 @@ def model():
 
 @pytest.fixture(scope="module")
 def reference(model):
-    return {
-        request_id: generate(model, prompt, budget)
-        for request_id, (prompt, budget) in enumerate(zip(WORKLOAD.prompts, WORKLOAD.max_new_tokens))
-    }
+    return reference_outputs(generate, model, WORKLOAD)
 
 
 def run_engine(model, workload=WORKLOAD, **overrides):
     settings = dict(num_blocks=200, block_size=8, max_num_tokens=512, max_batch_size=8, check_connector=True,
                     check_inputs=True, poison_kv=True)
     settings.update(overrides)
-    engine = Engine(model, EngineConfig(**settings))
-    for request_id, (prompt, budget) in enumerate(zip(workload.prompts, workload.max_new_tokens)):
-        engine.add_request(request_id, prompt, budget)
-    outputs = engine.run(max_iterations=5000)
-    return engine, outputs
+    return run(model, workload, settings, max_iterations=5000)
 
 
 def assert_done(engine, outputs, reference):

@@ -15,6 +15,8 @@ import torch
 pytest.importorskip("transformers", reason="the model tests compare with transformers")
 pytest.importorskip("safetensors", reason="checkpoint directories are read with safetensors")
 
+from engine_runs import reference_outputs  # noqa: E402
+from engine_runs import run_engine as run  # noqa: E402
 from model_checkpoints import ARCHITECTURES, random_model  # noqa: E402
 
 from tokcy.demo.engine import Engine, EngineConfig  # noqa: E402
@@ -35,8 +37,7 @@ def case(request, tmp_path_factory):
     reference = random_model(name, seed=len(name))
     directory = tmp_path_factory.mktemp(name)
     reference.save_pretrained(directory)
-    expected = {request_id: generate(reference, prompt, budget)
-                for request_id, (prompt, budget) in enumerate(zip(WORKLOAD.prompts, WORKLOAD.max_new_tokens))}
+    expected = reference_outputs(generate, reference, WORKLOAD)
     return name, reference, directory, expected
 
 
@@ -49,10 +50,7 @@ def run_engine(model, workload=WORKLOAD, **overrides):
     settings = dict(num_blocks=64, block_size=4, max_num_tokens=256, max_batch_size=8, check_connector=True,
                     check_inputs=True, poison_kv=True)
     settings.update(overrides)
-    engine = Engine(model, EngineConfig(**settings))
-    for request_id, (prompt, budget) in enumerate(zip(workload.prompts, workload.max_new_tokens)):
-        engine.add_request(request_id, prompt, budget)
-    return engine, engine.run(max_iterations=2000)
+    return run(model, workload, settings, max_iterations=2000)
 
 
 def assert_done(engine, outputs, expected, model):
