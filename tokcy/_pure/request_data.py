@@ -19,7 +19,8 @@ class RowColumns:
 
     __slots__ = COLUMNS
 
-    def __init__(self, output):
+    def __init__(self, output, convert=True):
+        _column = _converted if convert else _as_is
         self.request_ids = _column(output.request_ids, np.int64)
         self.is_new = _column(output.is_new, np.bool_)
         self.computed_positions = _column(output.computed_positions, np.int64)
@@ -34,7 +35,11 @@ class RowColumns:
         self.num_released_blocks = _column(output.num_released_blocks, np.int64)
 
 
-def _column(values, dtype):
+def _as_is(column, dtype):
+    return column
+
+
+def _converted(values, dtype):
     column = np.ascontiguousarray(values, dtype=dtype)
     if column.ndim != 1:
         raise ValueError("a SchedulerOutput's columns are one-dimensional")
@@ -53,11 +58,11 @@ class RequestData:
 
     @property
     def request_id(self):
-        return int(self._columns.request_ids[self._row])
+        return self._columns.request_ids.item(self._row)
 
     @property
     def is_new(self):
-        return bool(self._columns.is_new[self._row])
+        return self._columns.is_new.item(self._row)
 
     @property
     def new_tokens(self):
@@ -65,20 +70,20 @@ class RequestData:
 
     @property
     def computed_position(self):
-        return int(self._columns.computed_positions[self._row])
+        return self._columns.computed_positions.item(self._row)
 
     @property
     def num_scheduled_tokens(self):
-        return int(self._columns.num_scheduled_tokens[self._row])
+        return self._columns.num_scheduled_tokens.item(self._row)
 
     @property
     def num_replaced_tokens(self):
-        return int(self._columns.num_replaced_tokens[self._row])
+        return self._columns.num_replaced_tokens.item(self._row)
 
     def _segments(self, column=None):
         """Row's segments (a range), checked against ``block_offsets`` (and ``column``)."""
         offsets, row = self._columns.group_offsets, self._row
-        first, end = int(offsets[row]), int(offsets[row + 1])
+        first, end = offsets.item(row), offsets.item(row + 1)
         if not 0 <= first <= end < len(self._columns.block_offsets) or (column is not None and end > len(column)):
             raise ValueError(OUTSIDE.format(row))
         return range(first, end)
@@ -121,7 +126,7 @@ def _slice(values, offsets, index, row):
     """``values[offsets[index]:offsets[index + 1]]`` as a new list; ValueError naming
     ``row`` unless both offsets lie inside ``values``. The offsets are read now: a row
     reads its report's columns as they are when it is read."""
-    begin, end = int(offsets[index]), int(offsets[index + 1])
+    begin, end = offsets.item(index), offsets.item(index + 1)
     if not 0 <= begin <= end <= len(values):
         raise ValueError(OUTSIDE.format(row))
     return values[begin:end].tolist()
@@ -129,10 +134,14 @@ def _slice(values, offsets, index, row):
 
 def request_rows(output):
     """The ``RequestData`` of every row of ``output``, and of its new rows and its cached
-    rows apart (three new lists), after checking that each row's offsets lie inside the
-    columns (ValueError naming the first row that does not)."""
-    columns = RowColumns(output)
-    _check_layout(columns)
+    rows apart (three new lists). The columns of an output made by hand are converted to
+    their dtypes and checked first: each row's offsets must lie inside them (ValueError
+    naming the first row that does not). A manager's report is laid out by the twin
+    itself, in those dtypes: its rows check each offset when they read it."""
+    made_by_hand = type(output._source) is tuple
+    columns = RowColumns(output, made_by_hand)
+    if made_by_hand:
+        _check_layout(columns)
     rows = []
     for row in range(len(output.request_ids)):
         data = object.__new__(RequestData)
