@@ -7,6 +7,8 @@ changed in place; rows that outlive their report; pickling; and the bytes a repo
 rows cost (they must not grow with its tokens).
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +16,20 @@ from hypothesis import strategies as st
 
 from tokcy import RequestState
 from tokcy.connector import RequestData, SchedulerOutput, SchedulerOutputManager
+from tokcy import _backend
+from tokcy._request_data import FIELDS
 from tokcy.connector.output import COLUMNS
+
+
+@contextlib.contextmanager
+def _live(module):
+    """``module`` made the live backend for a block (for tests that run both in turn)."""
+    previous = _backend.module
+    _backend.module = module
+    try:
+        yield
+    finally:
+        _backend.module = previous
 
 
 def test_worked_example(backend):
@@ -227,36 +242,114 @@ def test_hand_made_outputs_against_the_columns(backend, columns):
     assert output.cached_requests == [data for data in rows if not data.is_new]
 
 
-def test_a_field_reads_the_columns_as_they_are_and_checks_them_again(backend):
-    output = _hand_made()
-    first, second = output.requests
-    output.tokens[2] = 77  # a column changed in place: the row reads the new value
-    assert second.new_tokens == [77]
-    output.token_offsets[2] = 9  # past the tokens: every read that follows it is refused
+def _manager_report(backend, groups=1):
+    """A manager's report of 4 rows (2 context, 2 generation), two blocks per layer group."""
+    manager = SchedulerOutputManager()
+    requests = [backend.Request(i, list(range(10 * i, 10 * i + 1 + i % 3)), num_layer_groups=groups)
+                for i in range(4)]
+    for request in requests:
+        for table in request.block_tables:
+            table.extend([request.request_id, 50 + request.request_id])
+    return manager.build_scheduler_output(requests[:2], requests[2:])
+
+
+def _outcome(read):
+    try:
+        return "value", read()
+    except Exception as error:  # noqa: BLE001 - the outcome is what is compared
+        return type(error).__name__, str(error)
+
+
+ALL_FIELDS = (*FIELDS, "new_block_ids", "num_layer_groups")
+WRITABLE = ("token_offsets", "group_offsets", "block_offsets", "tokens", "block_ids", "num_replaced_blocks",
+            "num_released_blocks", "request_ids", "is_new", "computed_positions")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(groups=st.integers(1, 2), before=st.booleans(),  # both_backends holds no state across examples
+       writes=st.lists(st.tuples(st.sampled_from(WRITABLE), st.integers(0, 30), st.integers(-3, 40)),
+                       min_size=1, max_size=4))
+def test_writes_into_a_manager_report_read_alike_on_both_backends(both_backends, groups, before, writes):
+    """A caller writes into a manager's report in place, before or after its rows are made:
+    every field of every row gives the same value, or the same error, on both backends (the
+    compiled rows follow raw pointers: a bad offset must be refused, never read)."""
+    outcomes = []
+    for backend in both_backends:
+        with _live(backend):
+            output = _manager_report(backend, groups)
+
+            def write():
+                for name, index, value in writes:
+                    column = getattr(output, name)
+                    column[index % len(column)] = value
+
+            if before:
+                write()
+            rows = output.requests
+            if not before:
+                write()
+            outcomes.append([[_outcome(lambda: getattr(data, name)) for name in ALL_FIELDS] for data in rows])
+    assert outcomes[0] == outcomes[1]
+
+
+def test_a_field_reads_a_manager_report_as_it_is_and_checks_it_again(backend):
+    output = _manager_report(backend)
+    first, second = output.requests[:2]
+    assert (second.new_tokens, first.new_block_ids) == ([10, 11], [0, 50])
+    output.tokens[1] = 77  # written in place: the row reads the new value
+    assert second.new_tokens == [77, 11]
+    output.token_offsets[2] = 99  # past the tokens: every read that follows it is refused
     with pytest.raises(ValueError, match="offsets of row 1 lie outside"):
         second.new_tokens  # noqa: B018
-    assert first.new_tokens == [10, 11]
+    assert first.new_tokens == [0]
     output.block_offsets[1] = -3
-    with pytest.raises(ValueError, match="offsets of row 0 lie outside"):
-        first.new_block_ids  # noqa: B018
-    with pytest.raises(ValueError, match="offsets of row 0 lie outside"):
-        first.new_block_ids_by_group  # noqa: B018
-    output.group_offsets[1] = 5
+    for field in ("new_block_ids", "new_block_ids_by_group"):
+        with pytest.raises(ValueError, match="offsets of row 0 lie outside"):
+            getattr(first, field)
+    output.group_offsets[1] = 9
     for field in ("num_layer_groups", "new_block_ids", "num_replaced_blocks_by_group", "num_released_blocks_by_group"):
         with pytest.raises(ValueError, match="offsets of row 0 lie outside"):
             getattr(first, field)
-    assert (first.request_id, first.computed_position, second.is_new) == (3, 0, False)
+    assert (first.request_id, first.computed_position, second.is_new) == (0, 0, True)
 
 
-def test_segment_counts_read_after_the_segments_moved_are_checked(backend):
-    output = _hand_made(block_offsets=[0, 1, 1], num_replaced_blocks=[0], num_released_blocks=[0])
-    first, _ = output.requests  # two segments in the columns, one used: the layout holds
-    assert first.num_replaced_blocks_by_group == [0]
-    output.group_offsets[1:] = 2  # row 0 now spans both segments, the counts only one
-    assert first.new_block_ids_by_group == [[5], []]
-    for field in ("num_replaced_blocks_by_group", "num_released_blocks_by_group"):
-        with pytest.raises(ValueError, match="offsets of row 0 lie outside"):
-            getattr(first, field)
+def test_rows_of_a_hand_made_output_read_copies_taken_when_they_were_made(backend):
+    output = _hand_made()
+    first, second = output.requests
+    output.tokens[2] = 77
+    output.token_offsets[2] = 9
+    assert (first.new_tokens, second.new_tokens) == ([10, 11], [12])
+
+
+@pytest.mark.parametrize("variant", ["lists", "strided", "read_only", "big_endian", "int32_offsets", "uint8_is_new",
+                                     "int16_tokens"])
+def test_hand_made_columns_of_any_layout_read_as_plain_arrays(backend, variant):
+    plain = _hand_made().requests
+    columns = {name: getattr(_hand_made(), name) for name in COLUMNS}
+    if variant == "lists":
+        columns = {name: column.tolist() for name, column in columns.items()}
+    elif variant == "strided":
+        columns = {name: np.repeat(column, 2)[::2] for name, column in columns.items()}
+    elif variant == "read_only":
+        for column in columns.values():
+            column.flags.writeable = False
+    elif variant == "big_endian":
+        columns = {name: column.astype(column.dtype.newbyteorder(">")) for name, column in columns.items()}
+    elif variant == "int32_offsets":
+        for name in ("token_offsets", "group_offsets", "block_offsets"):
+            columns[name] = columns[name].astype(np.int32)
+    elif variant == "uint8_is_new":
+        columns["is_new"] = columns["is_new"].astype(np.uint8)
+    elif variant == "int16_tokens":
+        columns["tokens"] = columns["tokens"].astype(np.int16)
+    rows = SchedulerOutput(0, *(columns[name] for name in COLUMNS)).requests
+    assert [data.as_dict() for data in rows] == [data.as_dict() for data in plain]
+    assert [type(data.is_new) for data in rows] == [bool, bool]
+
+
+def test_a_two_dimensional_column_is_refused(backend):
+    with pytest.raises(ValueError, match="columns are one-dimensional"):
+        _hand_made(tokens=[[10, 11, 12]]).requests  # noqa: B018
 
 
 def test_rows_outlive_their_report_and_the_next_report_leaves_them_unchanged(backend):
@@ -280,10 +373,23 @@ def test_rows_outlive_their_report_and_the_next_report_leaves_them_unchanged(bac
 def test_rows_pickle_as_their_fields(backend):
     import pickle
 
-    for data in _hand_made().requests:
+    for data in _hand_made().requests + _manager_report(backend, groups=2).requests:
         copy = pickle.loads(pickle.dumps(data))
         assert isinstance(copy, RequestData) and copy == data and copy.as_dict() == data.as_dict()
         assert copy.new_block_ids == data.new_block_ids and copy.num_layer_groups == data.num_layer_groups
+
+
+def test_a_row_pickled_on_one_backend_loads_on_the_other(both_backends):
+    import pickle
+
+    compiled, pure = both_backends
+    for made, loaded in ((compiled, pure), (pure, compiled)):
+        with _live(made):
+            data = _manager_report(made).requests[2]
+            text = pickle.dumps(data)
+        with _live(loaded):
+            copy = pickle.loads(text)
+        assert type(copy) is loaded.RequestData and copy == data and copy.new_tokens == [20, 21, 22]
 
 
 def test_rows_of_both_backends_compare_by_their_fields(both_backends):
@@ -298,13 +404,98 @@ def test_rows_of_both_backends_compare_by_their_fields(both_backends):
     assert (twin_rows[0] == "not a row") is False and twin_rows[0] != 3
 
 
-def test_a_row_is_made_by_its_report_only(backend):
-    with pytest.raises(TypeError, match="made by its SchedulerOutput"):
-        backend.RequestData()
+def test_a_row_is_made_by_its_report_only_and_is_read_only(backend):
+    for args in ((), (1,), ([1, 2],)):
+        with pytest.raises(TypeError, match="^a RequestData is made by its SchedulerOutput, not by hand$"):
+            backend.RequestData(*args)
+    by_hand = backend.RequestData.__new__(backend.RequestData)
+    for field in ALL_FIELDS:
+        with pytest.raises(TypeError, match="^a RequestData is made by its SchedulerOutput, not by hand$"):
+            getattr(by_hand, field)
     with pytest.raises(TypeError):
         RequestData()  # the documented type is abstract
+    data = _hand_made().requests[0]
     with pytest.raises(TypeError):
-        hash(_hand_made().requests[0])
+        hash(data)
+    for name in ("request_id", "_row", "_columns", "anything"):
+        with pytest.raises(AttributeError, match=f"^a RequestData is read-only: '{name}' cannot be set or deleted$"):
+            setattr(data, name, 1)
+        with pytest.raises(AttributeError, match=f"^a RequestData is read-only: '{name}' cannot be set or deleted$"):
+            delattr(data, name)
+    assert data.request_id == 3
+
+
+def test_a_report_is_read_only(backend):
+    output = _manager_report(backend)
+    rows = output.requests
+    for name in ("tokens", "is_new", "num_context_requests", "_source", "_rows"):
+        with pytest.raises(AttributeError, match=f"^a SchedulerOutput is read-only: '{name}' cannot be set"):
+            setattr(output, name, np.zeros(3, dtype=np.int32))
+    assert output.requests == rows and rows[2].new_tokens == [20, 21, 22]
+
+
+def test_a_manager_report_cannot_be_resized_under_its_rows(backend):
+    output = _manager_report(backend)
+    data = output.requests[3]
+    root = output.tokens.base if output.tokens.base is not None else output.tokens
+    with pytest.raises(ValueError, match="cannot resize"):
+        root.resize(10**6, refcheck=False)  # even without numpy's reference check
+    assert data.new_tokens == [30]
+    del data, output
+    root.resize(10**6, refcheck=False)  # the rows are gone: nothing guards it any more
+
+
+def test_a_collection_while_the_rows_are_made_sees_no_half_filled_list(backend):
+    """A garbage-collector callback (what a memory profiler runs) reads every list of the
+    batch's length while collections run at every allocation: none has an empty slot."""
+    import gc
+
+    count = 777
+    output = _hand_made(
+        request_ids=np.arange(count), is_new=np.arange(count) % 2 == 0, computed_positions=np.zeros(count),
+        num_scheduled_tokens=np.zeros(count), num_replaced_tokens=np.zeros(count), token_offsets=np.zeros(count + 1),
+        tokens=np.zeros(0), group_offsets=np.zeros(count + 1), block_offsets=np.zeros(1), block_ids=np.zeros(0),
+        num_replaced_blocks=np.zeros(0), num_released_blocks=np.zeros(0))
+    seen = []
+
+    def read_lists(phase, info):
+        if phase == "start":
+            seen.extend(type(item[0]).__name__ for item in gc.get_objects(generation=0)  # where new lists are
+                        if type(item) is list and len(item) in (count, count // 2, count // 2 + 1))
+
+    threshold = gc.get_threshold()
+    spare = [[] for _ in range(200)]  # the list free list emptied: each list made is a fresh allocation
+    gc.callbacks.append(read_lists)
+    gc.set_threshold(1)
+    kept = []  # each call's lists kept, so that the collector's count grows and it runs inside every call
+    try:
+        for _ in range(5):
+            kept.append(backend.request_rows(output))
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(read_lists)
+    rows, new_rows, cached_rows = kept[-1]
+    assert len(spare) == 200 and (len(rows), len(new_rows), len(cached_rows)) == (count, 389, 388)
+    assert "RequestData" in seen  # the callback did read the rows' lists
+
+
+def test_a_cycle_through_a_column_is_collected(backend):
+    """A column of a subclass with attributes can lead back to its report: the rows read a
+    copy, so the collector can still free the whole cycle."""
+    import gc
+    import weakref
+
+    class Tagged(np.ndarray):
+        pass
+
+    tokens = np.array([10, 11, 12], dtype=np.int32).view(Tagged)
+    output = _hand_made(tokens=tokens)
+    rows = output.requests
+    tokens.owner = output  # output -> its source -> tokens -> output
+    alive = weakref.ref(output)
+    del output, rows, tokens
+    gc.collect()
+    assert alive() is None
 
 
 def test_the_rows_of_a_report_cost_bytes_per_row_not_per_token(backend):

@@ -2,22 +2,27 @@
 # report's columns when it is asked for. Same behaviour as tokcy/_pure/request_data.py.
 #
 # A row is its report's RowColumns and its row number. A whole report's rows cost one
-# small object each, from a free list and untracked by the garbage collector (a row
-# holds nothing a reference cycle could run through), so a consumer pays only for the
-# values it reads. RowColumns holds a buffer export of every column: while it lives, no
-# column can be resized or freed under it. A column's values can still be changed in
-# place by whoever holds it (the arrays are writable), so every read checks each offset
-# it follows against the length of the column it indexes before it reads there.
+# small object each, from a free list and untracked by the garbage collector, so a
+# consumer pays only for the values it reads. RowColumns holds a buffer export of every
+# column it reads, so no column is freed under it, and nothing it holds can lead back to
+# a row (no cycle, hence no need of the collector):
+# - a manager's report: the three arrays the manager wrote (exact arrays, no attributes).
+#   Their reference counts keep the manager from reusing them while a row lives, and a
+#   weak reference to each keeps numpy from resizing one even with refcheck=False. Whoever
+#   holds a column can still write into it, so every read checks each offset it follows
+#   against the length of the column it indexes before it reads there.
+# - an output made by hand: a private copy of each column, made and checked when the
+#   rows are made (so its values cannot change after the check).
 
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF
 
 from tokcy import _request_data
 
+import weakref
+
 cdef extern from "Python.h":
     object PyLong_FromLong(long value)
-    # the same call as get_buffer, its error raised here
-    int export_buffer "PyObject_GetBuffer"(object obj, Py_buffer* view, int flags) except -1
 
 
 cdef inline list int32_list(const int32_t* values, int64_t begin, int64_t end):
@@ -36,14 +41,28 @@ cdef inline bint inside(int64_t begin, int64_t end, Py_ssize_t length) noexcept 
     return 0 <= begin <= end <= length
 
 
+cdef int outside(Py_ssize_t row) except -1:
+    raise ValueError(_request_data.OUTSIDE.format(row))
+
+
+cdef inline list checked_int32_list(const int32_t* values, Py_ssize_t length, int64_t begin, int64_t end,
+                                    Py_ssize_t row):
+    """``values[begin:end]`` as a new list; ValueError naming ``row`` unless the span lies
+    inside the ``length`` values."""
+    if not inside(begin, end, length):
+        outside(row)
+    return int32_list(values, begin, end)
+
+
 @cython.final
-@cython.no_gc  # holds buffer exports of arrays only: no cycle can run through it
+@cython.no_gc  # holds exports of arrays without attributes only (see the top of this file)
 @cython.auto_pickle(False)
 cdef class RowColumns:
-    """The twelve columns of one report, as buffer exports its rows read through."""
+    """The columns of one report, as buffer exports its rows read through."""
 
     cdef Py_buffer views[12]
     cdef int num_views
+    cdef tuple resize_guards   # weak references to a manager's arrays: numpy resizes none of them
     cdef const int64_t* request_ids
     cdef const unsigned char* is_new
     cdef const int64_t* positions
@@ -68,45 +87,42 @@ cdef class RowColumns:
         for index in range(self.num_views):
             PyBuffer_Release(&self.views[index])
 
-    cdef const void* export(self, object column, object dtype, Py_ssize_t itemsize, char code,
-                            Py_ssize_t* length) except? NULL:
-        """A buffer export of ``column`` (1-D, C-contiguous, of ``dtype``; converted when
-        it is not), held until this object dies: its data, and its length in ``length``."""
+    cdef const void* export(self, object array, Py_ssize_t itemsize, char code, Py_ssize_t* length) except? NULL:
+        """A buffer export of ``array`` (1-D, C-contiguous, of the item type), held until
+        this object dies: its data, and its length in ``length``."""
         cdef Py_buffer* view = &self.views[self.num_views]
-        if get_buffer(<PyObject*>column, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0:
-            if view.ndim == 1 and view.itemsize == itemsize and view.format != NULL and same_kind(view.format, code):
-                self.num_views += 1
-                length[0] = view.len // itemsize
-                return view.buf
+        if get_buffer(<PyObject*>array, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0:
+            return NULL  # the exporter's error
+        if not (view.ndim == 1 and view.itemsize == itemsize and view.format != NULL and same_kind(view.format, code)):
             PyBuffer_Release(view)
-        else:
-            PyErr_Clear()
-        converted = np.ascontiguousarray(column, dtype=dtype)
-        if converted.ndim != 1:
-            raise ValueError("a SchedulerOutput's columns are one-dimensional")
-        export_buffer(converted, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+            raise ValueError(_request_data.CHANGED)  # made so: someone changed its dtype or shape since
         self.num_views += 1
         length[0] = view.len // itemsize
         return view.buf
 
+    cdef const void* export_copy(self, object column, object dtype, Py_ssize_t itemsize, char code,
+                                 Py_ssize_t* length) except? NULL:
+        """A private copy of ``column`` in ``dtype`` (what ``_request_data.column_copy``
+        makes, on both backends), exported."""
+        return self.export(_request_data.column_copy(column, dtype), itemsize, code, length)
     cdef int export_columns(self, object output) except -1:
-        """Export the twelve columns of ``output`` (a SchedulerOutput made by hand)."""
+        """Copy and export the twelve columns of ``output`` (a SchedulerOutput made by hand)."""
         cdef Py_ssize_t length[7]
-        self.request_ids = <const int64_t*>self.export(output.request_ids, np.int64, 8, b"i"[0], &length[0])
-        self.is_new = <const unsigned char*>self.export(output.is_new, np.bool_, 1, b"?"[0], &length[1])
-        self.positions = <const int64_t*>self.export(output.computed_positions, np.int64, 8, b"i"[0], &length[2])
-        self.scheduled = <const int64_t*>self.export(output.num_scheduled_tokens, np.int64, 8, b"i"[0], &length[3])
-        self.replaced_tokens = <const int64_t*>self.export(output.num_replaced_tokens, np.int64, 8, b"i"[0],
+        self.request_ids = <const int64_t*>self.export_copy(output.request_ids, np.int64, 8, b"i"[0], &length[0])
+        self.is_new = <const unsigned char*>self.export_copy(output.is_new, np.bool_, 1, b"?"[0], &length[1])
+        self.positions = <const int64_t*>self.export_copy(output.computed_positions, np.int64, 8, b"i"[0], &length[2])
+        self.scheduled = <const int64_t*>self.export_copy(output.num_scheduled_tokens, np.int64, 8, b"i"[0], &length[3])
+        self.replaced_tokens = <const int64_t*>self.export_copy(output.num_replaced_tokens, np.int64, 8, b"i"[0],
                                                            &length[4])
-        self.token_offsets = <const int64_t*>self.export(output.token_offsets, np.int64, 8, b"i"[0], &length[5])
-        self.tokens = <const int32_t*>self.export(output.tokens, np.int32, 4, b"i"[0], &self.num_tokens)
-        self.group_offsets = <const int64_t*>self.export(output.group_offsets, np.int64, 8, b"i"[0], &length[6])
-        self.block_offsets = <const int64_t*>self.export(output.block_offsets, np.int64, 8, b"i"[0],
+        self.token_offsets = <const int64_t*>self.export_copy(output.token_offsets, np.int64, 8, b"i"[0], &length[5])
+        self.tokens = <const int32_t*>self.export_copy(output.tokens, np.int32, 4, b"i"[0], &self.num_tokens)
+        self.group_offsets = <const int64_t*>self.export_copy(output.group_offsets, np.int64, 8, b"i"[0], &length[6])
+        self.block_offsets = <const int64_t*>self.export_copy(output.block_offsets, np.int64, 8, b"i"[0],
                                                          &self.num_block_offsets)
-        self.block_ids = <const int32_t*>self.export(output.block_ids, np.int32, 4, b"i"[0], &self.num_blocks)
-        self.replaced_blocks = <const int64_t*>self.export(output.num_replaced_blocks, np.int64, 8, b"i"[0],
+        self.block_ids = <const int32_t*>self.export_copy(output.block_ids, np.int32, 4, b"i"[0], &self.num_blocks)
+        self.replaced_blocks = <const int64_t*>self.export_copy(output.num_replaced_blocks, np.int64, 8, b"i"[0],
                                                            &self.num_replaced_blocks)
-        self.released_blocks = <const int64_t*>self.export(output.num_released_blocks, np.int64, 8, b"i"[0],
+        self.released_blocks = <const int64_t*>self.export_copy(output.num_released_blocks, np.int64, 8, b"i"[0],
                                                            &self.num_released_blocks)
         self.batch = length[0]
         if not (length[1] == length[2] == length[3] == length[4] == self.batch
@@ -117,12 +133,13 @@ cdef class RowColumns:
     cdef int export_report(self, ReportColumns report) except -1:
         """Export a manager's report: its three arrays, the columns at ``arrays()``' places."""
         cdef Py_ssize_t b = report.batch, s = report.num_segments, num_wide, num_narrow, num_flags
-        cdef const int64_t* wide = <const int64_t*>self.export(report.int64_array, np.int64, 8, b"i"[0], &num_wide)
-        cdef const int32_t* narrow = <const int32_t*>self.export(report.int32_array, np.int32, 4, b"i"[0],
-                                                                  &num_narrow)
-        self.is_new = <const unsigned char*>self.export(report.bool_array, np.bool_, 1, b"?"[0], &num_flags)
+        self.resize_guards = (weakref.ref(report.int64_array), weakref.ref(report.int32_array),
+                              weakref.ref(report.bool_array))  # first: nothing resizes them from here on
+        cdef const int64_t* wide = <const int64_t*>self.export(report.int64_array, 8, b"i"[0], &num_wide)
+        cdef const int32_t* narrow = <const int32_t*>self.export(report.int32_array, 4, b"i"[0], &num_narrow)
+        self.is_new = <const unsigned char*>self.export(report.bool_array, 1, b"?"[0], &num_flags)
         if num_wide < int64_entries(b, s) or num_narrow < report.num_tokens + report.num_blocks or num_flags < b:
-            raise RuntimeError("a report's arrays are shorter than its columns")  # never: the arena sized them
+            raise ValueError(_request_data.CHANGED)  # the arena sized them: someone reshaped one since
         self.batch = b
         self.request_ids = wide
         self.positions = wide + b
@@ -142,21 +159,19 @@ cdef class RowColumns:
         return 0
 
     cdef int check_layout(self) except -1:
-        """ValueError unless every row's offsets lie inside the columns now: its tokens,
-        its segments, each segment's block ids and counts (each read checks again: the
-        values can change later)."""
+        """ValueError unless every row's offsets lie inside the columns: its tokens, its
+        segments, each segment's block ids and counts."""
         cdef Py_ssize_t row
         cdef int64_t segment, end
         for row in range(self.batch):
-            if not (inside(self.token_offsets[row], self.token_offsets[row + 1], self.num_tokens)
-                    and 0 <= self.group_offsets[row] <= self.group_offsets[row + 1] < self.num_block_offsets):
-                raise ValueError(_request_data.OUTSIDE.format(row))
             end = self.group_offsets[row + 1]
-            if end > self.num_replaced_blocks or end > self.num_released_blocks:
-                raise ValueError(_request_data.OUTSIDE.format(row))
+            if not (inside(self.token_offsets[row], self.token_offsets[row + 1], self.num_tokens)
+                    and 0 <= self.group_offsets[row] <= end < self.num_block_offsets
+                    and end <= self.num_replaced_blocks and end <= self.num_released_blocks):
+                outside(row)
             for segment in range(self.group_offsets[row], end):
                 if not inside(self.block_offsets[segment], self.block_offsets[segment + 1], self.num_blocks):
-                    raise ValueError(_request_data.OUTSIDE.format(row))
+                    outside(row)
         return 0
 
     cdef int64_t first_segment(self, Py_ssize_t row, int64_t* end) except -1:
@@ -164,33 +179,31 @@ cdef class RowColumns:
         cdef int64_t first = self.group_offsets[row]
         end[0] = self.group_offsets[row + 1]
         if not (0 <= first <= end[0] < self.num_block_offsets):
-            raise ValueError(_request_data.OUTSIDE.format(row))
+            outside(row)
         return first
 
     cdef list segment_blocks(self, int64_t segment, Py_ssize_t row):
-        cdef int64_t begin = self.block_offsets[segment], end = self.block_offsets[segment + 1]
-        if not inside(begin, end, self.num_blocks):
-            raise ValueError(_request_data.OUTSIDE.format(row))
-        return int32_list(self.block_ids, begin, end)
+        return checked_int32_list(self.block_ids, self.num_blocks, self.block_offsets[segment],
+                                  self.block_offsets[segment + 1], row)
 
     cdef list segment_counts(self, const int64_t* column, Py_ssize_t length, Py_ssize_t row):
         cdef int64_t first, end, segment
         first = self.first_segment(row, &end)
         if end > length:
-            raise ValueError(_request_data.OUTSIDE.format(row))
+            outside(row)
         return [column[segment] for segment in range(first, end)]
 
 
 cdef RowColumns row_columns(object output):
-    """The columns of ``output`` exported, their layout checked: the three arrays of a
-    manager's report (its twelve columns need not be made), else the twelve columns."""
+    """The columns of ``output`` exported: the three arrays of a manager's report (its
+    twelve columns need not be made), else copies of the twelve columns, checked."""
     cdef RowColumns columns = RowColumns.__new__(RowColumns)
     source = output._source
     if type(source) is ReportColumns:
         columns.export_report(<ReportColumns>source)
     else:
         columns.export_columns(output)
-    columns.check_layout()
+        columns.check_layout()
     return columns
 
 
@@ -206,70 +219,74 @@ cdef class RequestData:
 
     _is_request_data = True
 
-    def __init__(self):
+    def __init__(self, *args, **kwargs):
         raise TypeError(_request_data.MADE_BY_REPORT)
 
-    cdef inline RowColumns of(self):
+    cdef inline RowColumns checked_columns(self):
         if self.columns is None:  # made through __new__, by hand
             raise TypeError(_request_data.MADE_BY_REPORT)
         return self.columns
 
+    def __setattr__(self, name, value):
+        raise AttributeError(_request_data.READ_ONLY.format(name))
+
+    def __delattr__(self, name):
+        raise AttributeError(_request_data.READ_ONLY.format(name))
+
     @property
     def request_id(self):
-        return self.of().request_ids[self.row]
+        return self.checked_columns().request_ids[self.row]
 
     @property
     def is_new(self):
-        return self.of().is_new[self.row] != 0
+        return self.checked_columns().is_new[self.row] != 0
 
     @property
     def new_tokens(self):
-        cdef RowColumns columns = self.of()
-        cdef int64_t begin = columns.token_offsets[self.row], end = columns.token_offsets[self.row + 1]
-        if not inside(begin, end, columns.num_tokens):
-            raise ValueError(_request_data.OUTSIDE.format(self.row))
-        return int32_list(columns.tokens, begin, end)
+        cdef RowColumns columns = self.checked_columns()
+        return checked_int32_list(columns.tokens, columns.num_tokens, columns.token_offsets[self.row],
+                                  columns.token_offsets[self.row + 1], self.row)
 
     @property
     def computed_position(self):
-        return self.of().positions[self.row]
+        return self.checked_columns().positions[self.row]
 
     @property
     def num_scheduled_tokens(self):
-        return self.of().scheduled[self.row]
+        return self.checked_columns().scheduled[self.row]
 
     @property
     def num_replaced_tokens(self):
-        return self.of().replaced_tokens[self.row]
+        return self.checked_columns().replaced_tokens[self.row]
 
     @property
     def num_layer_groups(self):
         cdef int64_t end
-        cdef int64_t first = self.of().first_segment(self.row, &end)
+        cdef int64_t first = self.checked_columns().first_segment(self.row, &end)
         return end - first
 
     @property
     def new_block_ids(self):
-        cdef RowColumns columns = self.of()
+        cdef RowColumns columns = self.checked_columns()
         cdef int64_t end
         cdef int64_t first = columns.first_segment(self.row, &end)
         return columns.segment_blocks(first, self.row) if first < end else []
 
     @property
     def new_block_ids_by_group(self):
-        cdef RowColumns columns = self.of()
+        cdef RowColumns columns = self.checked_columns()
         cdef int64_t end, segment
         cdef int64_t first = columns.first_segment(self.row, &end)
         return [columns.segment_blocks(segment, self.row) for segment in range(first, end)]
 
     @property
     def num_replaced_blocks_by_group(self):
-        cdef RowColumns columns = self.of()
+        cdef RowColumns columns = self.checked_columns()
         return columns.segment_counts(columns.replaced_blocks, columns.num_replaced_blocks, self.row)
 
     @property
     def num_released_blocks_by_group(self):
-        cdef RowColumns columns = self.of()
+        cdef RowColumns columns = self.checked_columns()
         return columns.segment_counts(columns.released_blocks, columns.num_released_blocks, self.row)
 
     def as_dict(self):
@@ -291,30 +308,46 @@ cdef class RequestData:
         return _request_data.reduce(self)
 
 
+cdef list rows_where(list rows, RowColumns columns, bint wanted, Py_ssize_t count):
+    """The ``count`` rows of ``rows`` whose is_new is ``wanted``, in order (a new list).
+    Making the list may run the collector, and so Python code that writes into is_new:
+    the count is checked again, and a list is never written past its end."""
+    cdef list chosen = PyList_New(count)  # tracked empty; nothing that can run a collection fills it
+    cdef Py_ssize_t row, index = 0
+    cdef bint more = False
+    for row in range(columns.batch):
+        if (columns.is_new[row] != 0) == wanted:
+            if index == count:
+                more = True
+                break
+            Py_INCREF(rows[row])  # PyList_SET_ITEM steals the reference
+            PyList_SET_ITEM(chosen, index, rows[row])
+            index += 1
+    if more or index != count:
+        while index < count:  # no NULL item is left for the collector (the error allocates)
+            Py_INCREF(None)
+            PyList_SET_ITEM(chosen, index, None)
+            index += 1
+        raise RuntimeError("a report's is_new column was written while its rows were made")
+    return chosen
+
+
 def request_rows(output):
     """The ``RequestData`` of every row of ``output``, and of its new rows and its cached
-    rows apart (three new lists), after checking that each row's offsets lie inside the
-    columns (ValueError naming the first row that does not)."""
+    rows apart (three new lists). The columns of an output made by hand are copied and
+    checked first: each row's offsets must lie inside them (ValueError naming the first
+    row that does not); a manager's rows check each offset when they read it."""
     cdef RowColumns columns = row_columns(output)
-    cdef Py_ssize_t row, num_new = 0, count = columns.batch
-    for row in range(count):
-        num_new += columns.is_new[row] != 0
-    cdef list rows = PyList_New(count), new_rows = PyList_New(num_new), cached_rows = PyList_New(count - num_new)
-    cdef Py_ssize_t next_new = 0, next_cached = 0
+    cdef Py_ssize_t row, num_new = 0
+    cdef list rows = PyList_New(columns.batch)
     cdef RequestData data
-    for row in range(count):
-        data = RequestData.__new__(RequestData)  # from the free list; not tracked: no collection runs here
+    for row in range(columns.batch):
+        data = RequestData.__new__(RequestData)  # untracked, from the free list: no collection runs here
         data.columns = columns
         data.row = row
-        Py_INCREF(data)  # each PyList_SET_ITEM steals a reference
+        Py_INCREF(data)  # PyList_SET_ITEM steals the reference
         PyList_SET_ITEM(rows, row, data)
-        Py_INCREF(data)
-        if columns.is_new[row] != 0:  # the count above cannot change: no Python code runs in between
-            debug_assert(next_new < num_new)
-            PyList_SET_ITEM(new_rows, next_new, data)
-            next_new += 1
-        else:
-            debug_assert(next_cached < count - num_new)
-            PyList_SET_ITEM(cached_rows, next_cached, data)
-            next_cached += 1
-    return rows, new_rows, cached_rows
+        num_new += columns.is_new[row] != 0
+    # each list is made only once the one before it is full (making one may run the collector)
+    new_rows = rows_where(rows, columns, True, num_new)
+    return rows, new_rows, rows_where(rows, columns, False, columns.batch - num_new)

@@ -16,8 +16,24 @@ follow from ``new_block_ids_by_group``)."""
 
 MADE_BY_REPORT = "a RequestData is made by its SchedulerOutput, not by hand"
 
+READ_ONLY = "a RequestData is read-only: {!r} cannot be set or deleted"
+
+CHANGED = "a SchedulerOutput's arrays were changed in place (their dtype or shape)"
+
 OUTSIDE = "the SchedulerOutput's offsets of row {} lie outside its columns"
 """The ValueError's text when a row's offsets leave the columns (either backend)."""
+
+
+def column_copy(column, dtype):
+    """A private 1-D copy of a column of a report made by hand, in ``dtype``: the rows of
+    such a report read these, on both backends (so nothing else can change or resize them,
+    and no attribute of a caller's array can lead back to a row)."""
+    import numpy as np
+
+    copy = np.array(column, dtype=dtype, copy=True, order="C", ndmin=1)
+    if copy.ndim != 1:
+        raise ValueError("a SchedulerOutput's columns are one-dimensional")
+    return copy
 
 
 def is_row_type(cls):

@@ -2,48 +2,57 @@
 
 A row is its report's ``RowColumns`` and its row number: making a whole report's rows is
 one small object per row, and a field is read from the columns only when it is asked
-for (every list a new one). A field reads the columns as they are when it is read, and
-checks every offset it follows against the column it indexes, as the compiled rows do.
+for (every list a new one). The rows of a manager's report read its arrays as they are
+when a field is read, checking every offset they follow against the column it indexes;
+the rows of an output made by hand read copies, checked when the rows are made. The
+compiled rows do the same.
 """
 
+import weakref
 from itertools import compress
 
 import numpy as np
 
 from tokcy import _request_data
-from tokcy._request_data import COLUMNS, MADE_BY_REPORT, OUTSIDE
+from tokcy._request_data import COLUMNS, MADE_BY_REPORT, OUTSIDE, READ_ONLY, column_copy
 
 
 class RowColumns:
-    """The columns of one report that its rows read, as 1-D arrays of the column dtypes."""
+    """The columns of one report that its rows read: a manager's report's own arrays, or
+    private copies (``_request_data.column_copy``) of the columns of an output made by hand.
+    A weak reference to the array under each of a manager's columns keeps numpy from
+    resizing it (even with refcheck=False) while a row can read it."""
 
-    __slots__ = COLUMNS
+    __slots__ = (*COLUMNS, "_resize_guards")
 
-    def __init__(self, output, convert=True):
-        _column = _converted if convert else _as_is
-        self.request_ids = _column(output.request_ids, np.int64)
-        self.is_new = _column(output.is_new, np.bool_)
-        self.computed_positions = _column(output.computed_positions, np.int64)
-        self.num_scheduled_tokens = _column(output.num_scheduled_tokens, np.int64)
-        self.num_replaced_tokens = _column(output.num_replaced_tokens, np.int64)
-        self.token_offsets = _column(output.token_offsets, np.int64)
-        self.tokens = _column(output.tokens, np.int32)
-        self.group_offsets = _column(output.group_offsets, np.int64)
-        self.block_offsets = _column(output.block_offsets, np.int64)
-        self.block_ids = _column(output.block_ids, np.int32)
-        self.num_replaced_blocks = _column(output.num_replaced_blocks, np.int64)
-        self.num_released_blocks = _column(output.num_released_blocks, np.int64)
+    def __init__(self, output, made_by_hand):
+        take = column_copy if made_by_hand else _as_is
+        self.request_ids = take(output.request_ids, np.int64)
+        self.is_new = take(output.is_new, np.bool_)
+        self.computed_positions = take(output.computed_positions, np.int64)
+        self.num_scheduled_tokens = take(output.num_scheduled_tokens, np.int64)
+        self.num_replaced_tokens = take(output.num_replaced_tokens, np.int64)
+        self.token_offsets = take(output.token_offsets, np.int64)
+        self.tokens = take(output.tokens, np.int32)
+        self.group_offsets = take(output.group_offsets, np.int64)
+        self.block_offsets = take(output.block_offsets, np.int64)
+        self.block_ids = take(output.block_ids, np.int32)
+        self.num_replaced_blocks = take(output.num_replaced_blocks, np.int64)
+        self.num_released_blocks = take(output.num_released_blocks, np.int64)
+        self._resize_guards = () if made_by_hand else tuple(
+            weakref.ref(_root(getattr(self, name))) for name in COLUMNS
+        )
 
 
 def _as_is(column, dtype):
     return column
 
 
-def _converted(values, dtype):
-    column = np.ascontiguousarray(values, dtype=dtype)
-    if column.ndim != 1:
-        raise ValueError("a SchedulerOutput's columns are one-dimensional")
-    return column
+def _root(array):
+    """The array that owns ``array``'s memory (the end of its chain of bases)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
 
 
 class RequestData:
@@ -53,8 +62,19 @@ class RequestData:
     __slots__ = ("_columns", "_row")
     _is_request_data = True
 
-    def __init__(self):
+    def __init__(self, *args, **kwargs):
         raise TypeError(MADE_BY_REPORT)
+
+    def __getattr__(self, name):  # reached for an unset slot only: a row made through __new__
+        if name in RequestData.__slots__:
+            raise TypeError(MADE_BY_REPORT)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        raise AttributeError(READ_ONLY.format(name))
+
+    def __delattr__(self, name):
+        raise AttributeError(READ_ONLY.format(name))
 
     @property
     def request_id(self):
@@ -134,40 +154,44 @@ def _slice(values, offsets, index, row):
 
 def request_rows(output):
     """The ``RequestData`` of every row of ``output``, and of its new rows and its cached
-    rows apart (three new lists). The columns of an output made by hand are converted to
-    their dtypes and checked first: each row's offsets must lie inside them (ValueError
-    naming the first row that does not). A manager's report is laid out by the twin
-    itself, in those dtypes: its rows check each offset when they read it."""
+    rows apart (three new lists). The columns of an output made by hand are copied and
+    checked first: each row's offsets must lie inside them (ValueError naming the first
+    row that does not); a manager's rows check each offset when they read it."""
     made_by_hand = type(output._source) is tuple
     columns = RowColumns(output, made_by_hand)
     if made_by_hand:
         _check_layout(columns)
     rows = []
-    for row in range(len(output.request_ids)):
-        data = object.__new__(RequestData)
-        data._columns, data._row = columns, row
+    for row in range(len(columns.request_ids)):
+        data = _new_row(RequestData)
+        _set_columns(data, columns)  # the slots' own setters: a row refuses setattr
+        _set_row(data, row)
         rows.append(data)
     is_new = columns.is_new.tolist()
     return rows, list(compress(rows, is_new)), [data for data, new in zip(rows, is_new) if not new]
 
 
-def _check_layout(output):
+_new_row = object.__new__
+_set_columns = RequestData.__dict__["_columns"].__set__
+_set_row = RequestData.__dict__["_row"].__set__
+
+
+def _check_layout(columns):
     """ValueError unless the per-row columns have one length and every row's offsets lie
-    inside the columns: its tokens, its segments, each segment's block ids and counts
-    (``output``: its RowColumns; each read checks again)."""
-    count = len(output.request_ids)
-    per_row = (output.is_new, output.computed_positions, output.num_scheduled_tokens, output.num_replaced_tokens)
+    inside the columns: its tokens, its segments, each segment's block ids and counts."""
+    count = len(columns.request_ids)
+    per_row = (columns.is_new, columns.computed_positions, columns.num_scheduled_tokens, columns.num_replaced_tokens)
     if any(len(column) != count for column in per_row) or not (
-        len(output.token_offsets) == len(output.group_offsets) == count + 1
+        len(columns.token_offsets) == len(columns.group_offsets) == count + 1
     ):
         raise ValueError("the SchedulerOutput's per-row columns differ in length")
-    tokens, groups, blocks = output.token_offsets, output.group_offsets, output.block_offsets
+    tokens, groups, blocks = columns.token_offsets, columns.group_offsets, columns.block_offsets
     starts, ends = groups[:-1], groups[1:]
     in_segments = (starts >= 0) & (starts <= ends) & (ends < len(blocks))
-    in_segments &= (ends <= len(output.num_replaced_blocks)) & (ends <= len(output.num_released_blocks))
-    bad = (tokens[:-1] < 0) | (tokens[:-1] > tokens[1:]) | (tokens[1:] > len(output.tokens)) | ~in_segments
+    in_segments &= (ends <= len(columns.num_replaced_blocks)) & (ends <= len(columns.num_released_blocks))
+    bad = (tokens[:-1] < 0) | (tokens[:-1] > tokens[1:]) | (tokens[1:] > len(columns.tokens)) | ~in_segments
     # a row is bad if any of its segments' block spans is: count the bad spans up to each segment
-    bad_span = (blocks[:-1] < 0) | (blocks[:-1] > blocks[1:]) | (blocks[1:] > len(output.block_ids))
+    bad_span = (blocks[:-1] < 0) | (blocks[:-1] > blocks[1:]) | (blocks[1:] > len(columns.block_ids))
     bad_before = np.concatenate(([0], np.cumsum(bad_span)))
     rows = np.flatnonzero(in_segments)
     bad[rows] |= bad_before[ends[rows]] > bad_before[starts[rows]]

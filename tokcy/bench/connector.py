@@ -60,7 +60,8 @@ def make_request_data(output):
 
 
 def read_request_fields(output):
-    """What a per-request consumer does with a report: every RequestData, two fields each."""
+    """What a per-request consumer does with a steady-decode report (every row is cached):
+    each cached row's RequestData, two fields each."""
     for data in output.cached_requests:
         data.new_tokens, data.new_block_ids
 

@@ -22,7 +22,9 @@ class SchedulerOutput:
     The arrays are this report's own: nothing writes to them after the call, for as long
     as anyone holds the output, a column or a view of one. (The compiled backend writes a
     report into arrays it keeps, reusing them for a later report only once nothing
-    references them any more; it makes the column arrays on their first read.)
+    references them any more; it makes the column arrays on their first read.) The
+    attributes are read-only: a column cannot be replaced (its values can be written, and
+    a report's rows then read the new values, checked).
 
     ``new_requests`` and ``cached_requests`` are lists of ``RequestData`` built on first
     access; ``num_context_requests`` rows come first.
@@ -46,12 +48,18 @@ class SchedulerOutput:
         num_replaced_blocks,
         num_released_blocks,
     ):
-        self.num_context_requests = num_context_requests
-        self._rows = None
-        self._source = (
+        _set_context_count(self, num_context_requests)
+        _set_rows(self, None)
+        _set_source(self, (
             request_ids, is_new, computed_positions, num_scheduled_tokens, num_replaced_tokens, token_offsets, tokens,
             group_offsets, block_offsets, block_ids, num_replaced_blocks, num_released_blocks,
-        )
+        ))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(_READ_ONLY.format(name))
+
+    def __delattr__(self, name):
+        raise AttributeError(_READ_ONLY.format(name))
 
     def __getattr__(self, name):
         # reached only for a column not set yet: all are set from the backend's report on
@@ -79,7 +87,8 @@ class SchedulerOutput:
         """(every row, the new rows, the cached rows): RequestData made on the first use."""
         rows = self._rows
         if rows is None:
-            rows = self._rows = _backend.module.request_rows(self)
+            rows = _backend.module.request_rows(self)
+            _set_rows(self, rows)
         return rows
 
     @property
@@ -115,15 +124,21 @@ class SchedulerOutput:
 
 
 _COLUMN_SLOTS = {name: SchedulerOutput.__dict__[name] for name in COLUMNS}  # name -> its slot descriptor
+_READ_ONLY = "a SchedulerOutput is read-only: {!r} cannot be set or deleted"
 _new_object = object.__new__
+# the slots' own setters (SchedulerOutput refuses setattr)
+_set_context_count = SchedulerOutput.num_context_requests.__set__
+_set_source = SchedulerOutput._source.__set__
+_set_rows = SchedulerOutput._rows.__set__
 
 
 def from_report(report):
     """The ``SchedulerOutput`` of a backend's ``ReportState.build`` result: (number of
     context rows, the columns: a tuple of arrays, or an object whose ``arrays()`` makes them)."""
     output = _new_object(SchedulerOutput)
-    output.num_context_requests, output._source = report
-    output._rows = None
+    _set_context_count(output, report[0])
+    _set_source(output, report[1])
+    _set_rows(output, None)
     return output
 
 
@@ -141,8 +156,10 @@ class RequestData(abc.ABC):
     at once, when the first one is asked for, and each is only a reference to the report's
     columns and a row number; a field reads the columns when it is read. So the rows of a
     report cost one small object each, and a consumer pays for the fields it reads. A
-    row keeps its report's arrays alive. Rows compare equal when all their fields do (a
-    row of either backend); they pickle as their fields.
+    row keeps its report's arrays alive; it reads a manager's report as it is when read
+    (every offset checked), and copies of the columns of an output made by hand. Rows
+    compare equal when all their fields do (a row of either backend), are read-only and
+    not hashable, and pickle as their fields.
 
     Each backend makes its own row class; ``isinstance(row, RequestData)`` is true for
     both, and this class documents the fields.
