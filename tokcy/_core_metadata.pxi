@@ -123,10 +123,13 @@ cdef inline Py_ssize_t plan_row_delta(GroupSpec* spec, PyObject* buffer, const i
                                       const Py_ssize_t* row_lengths, const Py_ssize_t* row_released,
                                       Py_ssize_t row) noexcept:
     """The entries of device-table ``row`` (its DeviceTableRows arrays given) that differ
-    from the table planned in ``spec`` (its Int32Buffer ``buffer``): recorded in ``spec``,
-    their count returned."""
+    from the table planned in ``spec`` (its Int32Buffer ``buffer``): their count, and,
+    when it is not 0, the ranges recorded in ``spec``."""
     cdef Py_ssize_t sent = row_lengths[row], start
     cdef int64_t stamp = (<Int32Buffer>buffer).table_stamp
+    if (stamp != 0 and stamp == row_stamps[row] and sent == spec.num_blocks
+            and (<Int32Buffer>buffer).table_dirty_from >= sent and row_released[row] == spec.num_released):
+        return 0  # the usual decode step: the row holds the table as it is (the rest below gives 0 too)
     spec.row = row
     if stamp != 0 and stamp == row_stamps[row]:
         # the row holds this table as of its last read: only the marked tail and newly
@@ -561,8 +564,9 @@ cdef class AttentionMetadata:
 
     def results(self):
         """(max_query_len, max_kv_len, changed entries, kv_indices length per group) of the last call."""
-        return (self.max_query_len, self.max_kv_len, self.num_changed_entries,
-                tuple([self.total_live[group] for group in range(self.num_groups)]))
+        live = ((self.total_live[0],) if self.num_groups == 1  # every step: the common case without a list
+                else tuple([self.total_live[group] for group in range(self.num_groups)]))
+        return (self.max_query_len, self.max_kv_len, self.num_changed_entries, live)
 
     # ------------------------------------------------------------------ pass 2
     cdef void start_write(self) noexcept nogil:
