@@ -8,9 +8,9 @@
 # sequence and group: the rows of a sequence cover a run of blocks) and records one
 # GroupSpec per sequence and group, holding the table's storage and buffer when the
 # writer's pass 2 may follow Python code or release the GIL (owns_refs; take_refs()).
-# plan_decode() is the same plan for the common decode sequence (one row, one layer
-# group, an exact BlockTable): a few dozen instructions, or False and plan_sequence()
-# plans it (or raises its error).
+# plan_decode_run() is the same plan for runs of the common decode sequence (one row, one
+# layer group, an exact BlockTable), its totals in locals; where a run stops,
+# plan_sequence() plans that sequence (or raises its error).
 # Device table: each planned sequence compares its table's device-table stamp with the
 # stamp its row got at the last step and takes the range that changed (plan_row_delta);
 # commit_deltas() (with the GIL, just before pass 2, once nothing can fail) consumes the

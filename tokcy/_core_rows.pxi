@@ -168,7 +168,7 @@ cdef void write_plain_metadata(const PlainRow* rows, Py_ssize_t count, Attention
         pos = rows[index].pos0
         kv_len = <int32_t>(pos + 1)
         block = block_of(pos, block_size, shift)
-        debug_assert(spec.num_released <= block and block < spec.num_blocks)  # plan_decode / plan_sequence
+        debug_assert(spec.num_released <= block and block < spec.num_blocks)  # plan_decode_run / plan_sequence
         slots[index] = <int64_t>spec.blocks[block] * block_size + (pos - block * block_size)
         kv_lens[index] = kv_len
         kv_sum += kv_len
