@@ -8,9 +8,14 @@
 # sequence and group: the rows of a sequence cover a run of blocks) and records one
 # GroupSpec per sequence and group, holding the table's storage and buffer when the
 # writer's pass 2 may follow Python code or release the GIL (owns_refs; take_refs()).
-# Device table: plan_deltas() (with the GIL, just before pass 2) compares each table's
-# device-table stamp with the stamp its row got at the last step, takes the range that
-# changed and consumes the table's mark (docs/change-tracking.md).
+# plan_decode_run() is the same plan for runs of the common decode sequence (one row, one
+# layer group, an exact BlockTable), its totals in locals; where a run stops,
+# plan_sequence() plans that sequence (or raises its error).
+# Device table: each planned sequence compares its table's device-table stamp with the
+# stamp its row got at the last step and takes the range that changed (plan_row_delta);
+# commit_deltas() (with the GIL, just before pass 2, once nothing can fail) consumes the
+# tables' marks (docs/change-tracking.md). No Python code runs between the plan and the
+# commit: InputWriter keeps a device table only in prepare(), never in plan() + write().
 # Pass 2 (write, without the GIL): write_sequence() / write_padding() fill the arrays,
 # write_deltas() the changed entries (index, value) after the used input ids.
 
@@ -44,7 +49,7 @@ cdef struct GroupSpec:
     PyObject* buffer_owner     # the table's Int32Buffer (its device-table mark), held likewise
     Py_ssize_t num_blocks
     Py_ssize_t num_released
-    # the device-table delta (plan_deltas): row of the persistent table, and the entries
+    # the device-table delta (plan_row_delta): row of the persistent table, and the entries
     # that changed: [released_begin, released_end) -> -1, [ids_begin, num_blocks) -> ids,
     # [num_blocks, zero_end) -> 0 (a dropped tail)
     Py_ssize_t row
@@ -108,6 +113,44 @@ cdef class DeviceTableRows:
         memset(self.row_stamps, 0, self.max_slots * self.num_groups * sizeof(int64_t))
 
 
+cdef extern from "Python.h":
+    # borrowed access to a tuple the caller holds (no reference counts written)
+    Py_ssize_t borrowed_tuple_size "PyTuple_GET_SIZE"(PyObject* tuple) nogil
+    PyObject* borrowed_tuple_item "PyTuple_GET_ITEM"(PyObject* tuple, Py_ssize_t index) nogil
+
+
+cdef inline Py_ssize_t plan_row_delta(GroupSpec* spec, PyObject* buffer, const int64_t* row_stamps,
+                                      const Py_ssize_t* row_lengths, const Py_ssize_t* row_released,
+                                      Py_ssize_t row) noexcept:
+    """The entries of device-table ``row`` (its DeviceTableRows arrays given) that differ
+    from the table planned in ``spec`` (its Int32Buffer ``buffer``): their count, and,
+    when it is not 0, the ranges recorded in ``spec``."""
+    cdef Py_ssize_t sent = row_lengths[row], start
+    cdef int64_t stamp = (<Int32Buffer>buffer).table_stamp
+    if (stamp != 0 and stamp == row_stamps[row] and sent == spec.num_blocks
+            and (<Int32Buffer>buffer).table_dirty_from >= sent and row_released[row] == spec.num_released):
+        return 0  # the usual decode step: the row holds the table as it is (the rest below gives 0 too)
+    spec.row = row
+    if stamp != 0 and stamp == row_stamps[row]:
+        # the row holds this table as of its last read: only the marked tail and newly
+        # released leading entries can differ
+        start = (<Int32Buffer>buffer).table_dirty_from
+        if start > sent:
+            start = sent
+        spec.released_begin = row_released[row]
+        spec.released_end = spec.num_released if spec.num_released < start else start
+        if spec.released_end < spec.released_begin:
+            spec.released_end = spec.released_begin
+    else:  # another table (or none) is in the row: send it whole
+        start = 0
+        spec.released_begin = spec.released_end = 0
+    if start > spec.num_blocks:
+        start = spec.num_blocks
+    spec.ids_begin = start
+    spec.zero_end = sent if sent > spec.num_blocks else spec.num_blocks
+    return (spec.released_end - spec.released_begin) + (spec.zero_end - start)
+
+
 @cython.final
 cdef class AttentionMetadata:
     """Outputs and per-step state of the attention metadata; ``InputWriter.set_metadata``
@@ -145,6 +188,9 @@ cdef class AttentionMetadata:
     cdef int32_t* delta_area           # the staging tail from input_ids: deltas go after the used ids
     cdef Py_ssize_t delta_capacity
     cdef int32_t* sequence_slots       # per planned sequence: its seq_slot
+    cdef Py_ssize_t planned_changes    # entries the planned sequences' rows need (plan_row_delta)
+    cdef int32_t* changed_specs        # the GroupSpecs (indices into groups) whose rows need entries
+    cdef Py_ssize_t num_changed_specs
     cdef readonly Py_ssize_t num_changed_entries
     """Entries of the device block table the last call sent (each an index and a value)."""
     cdef readonly int32_t max_query_len
@@ -154,6 +200,7 @@ cdef class AttentionMetadata:
         self.release()
         free(self.groups)
         free(self.sequence_slots)
+        free(self.changed_specs)
 
     def bind(self, Py_ssize_t max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
              block_table=None, kv_indices=None):
@@ -268,11 +315,17 @@ cdef class AttentionMetadata:
             if slots == NULL:
                 raise MemoryError()
             self.sequence_slots = slots
+            slots = <int32_t*>realloc(self.changed_specs, needed * sizeof(int32_t))
+            if slots == NULL:
+                raise MemoryError()
+            self.changed_specs = slots
             self.group_capacity = needed
         for group in range(self.num_groups):
             self.total_live[group] = 0
         self.total_kv = 0
         self.longest_table = 0
+        self.planned_changes = 0
+        self.num_changed_specs = 0
         self.owns_refs = own
         if self.has_device_table:
             self.rows.plan_stamp += 1
@@ -287,9 +340,9 @@ cdef class AttentionMetadata:
         cdef PyObject* table
         cdef PyObject* buffer
         cdef GroupSpec* specs = &self.groups[self.num_planned * self.num_groups]
-        cdef Py_ssize_t group, size, released, first, last
+        cdef Py_ssize_t group, size, released, first, last, count
         cdef Py_ssize_t kv_len = pos0 + seq_len   # >= 1: every sequence has a row
-        cdef int64_t block_size, slot
+        cdef int64_t block_size, slot = 0
         cdef DeviceTableRows rows = self.rows
         if len(tables) != self.num_groups:
             _checks.group_count(request._request_id, len(tables), self.num_groups)
@@ -337,8 +390,108 @@ cdef class AttentionMetadata:
                 self.longest_table = specs[group].num_blocks
             last = block_of(kv_len - 1, self.block_size[group], self.block_shift[group])  # blocks: last + 1
             self.total_live[group] += last + 1 - min(specs[group].num_released, last + 1)
+            if self.has_device_table:
+                count = plan_row_delta(&specs[group], specs[group].buffer_owner, rows.row_stamps, rows.row_lengths,
+                                       rows.row_released, group * self.max_slots + slot)
+                if count:
+                    self.changed_specs[self.num_changed_specs] = <int32_t>(self.num_planned * self.num_groups + group)
+                    self.num_changed_specs += 1
+                    self.planned_changes += count
         self.num_planned += 1
         return 0
+
+    cdef int plan_decode_rows(self, PyObject** items, Py_ssize_t begin, Py_ssize_t end) except -1:
+        """The sequences of InputWriter's plain decode rows ``items[begin:end]`` (exact
+        Requests it checked, one row each at its newest token), in order: runs of the
+        common sequence by plan_decode_run(), every other one by plan_sequence() (which
+        plans it or raises its error)."""
+        cdef Py_ssize_t index = begin
+        cdef PyObject* item
+        while index < end:
+            index = self.plan_decode_run(items, index, end)
+            if index < end:
+                item = items[index]
+                self.plan_sequence(<Request>item, (<Request>item)._beam0.size - 1, 1)
+                index += 1
+        return 0
+
+    cdef Py_ssize_t plan_decode_run(self, PyObject** items, Py_ssize_t index, Py_ssize_t end) noexcept:
+        """plan_sequence(request, n - 1, 1) for each request of ``items[index:end]`` while it
+        is the common decode sequence (one layer group, an exact BlockTable whose blocks
+        cover the row, a free device-table slot); returns the index of the first that is not,
+        for which nothing is recorded. The running totals stay in locals; the requests are
+        borrowed (the writer holds the batch, and nothing here runs Python code)."""
+        cdef PyObject* request
+        cdef PyObject* tables
+        cdef PyObject* table
+        cdef PyObject* buffer
+        cdef GroupSpec* spec = &self.groups[self.num_planned]
+        cdef int32_t* sequence_slots = self.sequence_slots + self.num_planned
+        cdef Py_ssize_t first = index, pos, size, released, block, count
+        cdef Py_ssize_t width = self.width, max_slots = self.max_slots, changes = self.planned_changes
+        cdef Py_ssize_t num_changed_specs = self.num_changed_specs
+        cdef Py_ssize_t longest = self.longest_table, total_live = self.total_live[0]
+        cdef int64_t total_kv = self.total_kv, block_size = self.block_size[0], slot = 0, plan_stamp = 0
+        cdef int shift = self.block_shift[0]
+        cdef bint device = self.has_device_table, owns = self.owns_refs
+        cdef int64_t* slot_seen = NULL
+        cdef int64_t* slot_request = NULL
+        if self.num_groups != 1:
+            return index
+        if device:
+            slot_seen = self.rows.slot_seen
+            slot_request = self.rows.slot_request
+            plan_stamp = self.rows.plan_stamp
+        while index < end:
+            request = items[index]
+            tables = <PyObject*>(<Request>request)._block_tables
+            if borrowed_tuple_size(tables) != 1:
+                break
+            table = borrowed_tuple_item(tables, 0)
+            if <void*>table.ob_type != <void*>BlockTable:
+                break
+            buffer = <PyObject*>(<BlockTable>table)._buffer
+            size = (<Int32Buffer>buffer).size
+            released = (<BlockTable>table)._num_released
+            pos = (<Request>request)._beam0.size - 1
+            block = block_of(pos, block_size, shift)
+            if size > width or block >= size or block < released or total_kv + pos + 1 > INT32_MAX:
+                break
+            if device:
+                slot = (<Request>request)._seq_slot
+                if slot < 0 or slot >= max_slots or slot_seen[slot] == plan_stamp:
+                    break
+                slot_seen[slot] = plan_stamp
+                slot_request[slot] = (<Request>request)._request_id
+                sequence_slots[index - first] = <int32_t>slot
+            spec.blocks = (<Int32Buffer>buffer).data
+            spec.storage_owner = <PyObject*>(<Int32Buffer>buffer).storage
+            spec.buffer_owner = buffer
+            spec.num_blocks = size
+            spec.num_released = released
+            if owns:
+                Py_INCREF(<object>spec.storage_owner)
+                Py_INCREF(<object>buffer)
+            if size > longest:
+                longest = size
+            total_live += block + 1 - released
+            total_kv += pos + 1
+            if device:  # group 0's row of the slot
+                count = plan_row_delta(spec, buffer, self.rows.row_stamps, self.rows.row_lengths,
+                                       self.rows.row_released, slot)
+                if count:
+                    self.changed_specs[num_changed_specs] = <int32_t>(spec - self.groups)
+                    num_changed_specs += 1
+                    changes += count
+            spec += 1
+            index += 1
+        self.num_planned += index - first
+        self.total_kv = total_kv
+        self.total_live[0] = total_live
+        self.longest_table = longest
+        self.planned_changes = changes
+        self.num_changed_specs = num_changed_specs
+        return index
 
     cdef void release(self) noexcept:
         cdef Py_ssize_t index
@@ -384,46 +537,25 @@ cdef class AttentionMetadata:
         return 0
 
     # ------------------------------------------------------------------ device-table deltas
-    cdef int plan_deltas(self, Py_ssize_t num_tokens) except -1:
-        """With the GIL, right before pass 2: per planned sequence and group, the entries of
-        its device-table row that differ from the table, then consume the table's mark."""
+    cdef int commit_deltas(self, Py_ssize_t num_tokens) except -1:
+        """With the GIL, right before pass 2: check that the changed entries planned with
+        the sequences fit, then give each table that sends entries and its row a new stamp
+        and consume the table's mark (nothing can fail after this). A table that sends
+        nothing keeps its stamp and mark: its row already holds it, and its mark is at or
+        past its size."""
         global last_table_stamp
         cdef GroupSpec* spec
-        cdef Int32Buffer buffer
-        cdef Py_ssize_t index, group, sequence, row, sent, start, total = 0
+        cdef PyObject* buffer
+        cdef Py_ssize_t index, total = self.planned_changes
         cdef DeviceTableRows rows = self.rows
-        for sequence in range(self.num_planned):
-            for group in range(self.num_groups):
-                spec = &self.groups[sequence * self.num_groups + group]
-                buffer = <Int32Buffer>spec.buffer_owner
-                row = group * self.max_slots + self.sequence_slots[sequence]
-                spec.row = row
-                sent = rows.row_lengths[row]
-                if buffer.table_stamp != 0 and buffer.table_stamp == rows.row_stamps[row]:
-                    # the row holds this table as of its last read: only the marked tail and
-                    # newly released leading entries can differ
-                    start = buffer.table_dirty_from if buffer.table_dirty_from < sent else sent
-                    spec.released_begin = rows.row_released[row]
-                    spec.released_end = spec.num_released if spec.num_released < start else start
-                    if spec.released_end < spec.released_begin:
-                        spec.released_end = spec.released_begin
-                else:  # another table (or none) is in the row: send it whole
-                    start = 0
-                    spec.released_begin = spec.released_end = 0
-                if start > spec.num_blocks:
-                    start = spec.num_blocks
-                spec.ids_begin = start
-                spec.zero_end = sent if sent > spec.num_blocks else spec.num_blocks
-                total += (spec.released_end - spec.released_begin) + (spec.zero_end - start)
         if num_tokens + 2 * total > self.delta_capacity:
             _checks.over_capacity("changed block-table entries", total, (self.delta_capacity - num_tokens) // 2)
-        # commit (nothing below can fail): new stamps, the rows' state, the marks consumed
-        for index in range(self.num_planned * self.num_groups):
-            spec = &self.groups[index]
-            buffer = <Int32Buffer>spec.buffer_owner
+        for index in range(self.num_changed_specs):
+            spec = &self.groups[self.changed_specs[index]]
+            buffer = spec.buffer_owner
             last_table_stamp += 1
-            buffer.table_stamp = last_table_stamp
-            buffer.table_dirty_from = spec.num_blocks
+            (<Int32Buffer>buffer).table_stamp = last_table_stamp
+            (<Int32Buffer>buffer).table_dirty_from = spec.num_blocks
             rows.row_stamps[spec.row] = last_table_stamp
             rows.row_lengths[spec.row] = spec.num_blocks
             rows.row_released[spec.row] = spec.num_released
@@ -432,8 +564,9 @@ cdef class AttentionMetadata:
 
     def results(self):
         """(max_query_len, max_kv_len, changed entries, kv_indices length per group) of the last call."""
-        return (self.max_query_len, self.max_kv_len, self.num_changed_entries,
-                tuple([self.total_live[group] for group in range(self.num_groups)]))
+        live = ((self.total_live[0],) if self.num_groups == 1  # every step: the common case without a list
+                else tuple([self.total_live[group] for group in range(self.num_groups)]))
+        return (self.max_query_len, self.max_kv_len, self.num_changed_entries, live)
 
     # ------------------------------------------------------------------ pass 2
     cdef void start_write(self) noexcept nogil:
@@ -510,7 +643,7 @@ cdef class AttentionMetadata:
                 memset(self.block_table[group] + seq * self.width, 0, self.width * sizeof(int32_t))
 
     cdef void write_deltas(self, Py_ssize_t num_tokens) noexcept nogil:
-        """The changed entries planned by plan_deltas(): flat indices into the (groups,
+        """The changed entries planned with the sequences (plan_row_delta): flat indices into the (groups,
         max_slots, max_blocks_per_seq) table, then their values, after the used input ids."""
         cdef Py_ssize_t index, j, count = 0, total = self.num_changed_entries
         cdef const GroupSpec* spec
@@ -518,8 +651,8 @@ cdef class AttentionMetadata:
         cdef int32_t* values = indices + total
         cdef int32_t row_start
         debug_assert(num_tokens + 2 * total <= self.delta_capacity)
-        for index in range(self.num_planned * self.num_groups):
-            spec = &self.groups[index]
+        for index in range(self.num_changed_specs):
+            spec = &self.groups[self.changed_specs[index]]
             row_start = <int32_t>(spec.row * self.width)
             for j in range(spec.released_begin, spec.released_end):
                 indices[count] = row_start + <int32_t>j

@@ -229,11 +229,13 @@ cdef class InputWriter:
         request that is anything else, which the general loop then plans or refuses with
         its error. The requests are read through borrowed pointers (the plan holds the
         batch, and no Python code runs), and nothing is inserted for the one it stops at.
-        With ``meta``, each row's attention metadata is planned too (its errors raise)."""
+        With ``meta``, the rows' attention metadata is planned next, in order (its errors
+        raise: every row is counted first, so that _release() drops what they hold)."""
         cdef PyObject* item
         cdef PyObject* buffer
         cdef PlainRow* row
-        cdef Py_ssize_t n, start = index
+        cdef Py_ssize_t n, start = index, first = index
+        cdef int32_t meta_first = -1 if meta is None else <int32_t>meta.num_planned
         cdef Py_ssize_t end = min(count, index + self._plain_capacity - self._num_plain)  # rows fit
         while index < end:
             item = items[index]
@@ -259,14 +261,11 @@ cdef class InputWriter:
             row.request_id = (<Request>item)._request_id
             row.pos0 = <int32_t>(n - 1)
             row.prompt_len = <int32_t>(<Request>item)._prompt_len
-            row.meta_index = -1
+            row.meta_index = -1 if meta is None else meta_first + <int32_t>(index - first)  # planned in order
             index += 1
-            if meta is not None:
-                row.meta_index = <int32_t>meta.num_planned
-                self._count_plain_rows(index - start)  # plan_sequence may raise: count them first
-                start = index
-                meta.plan_sequence(<Request>item, n - 1, 1)
         self._count_plain_rows(index - start)
+        if meta is not None:
+            meta.plan_decode_rows(items, first, index)
         return index
 
     cdef inline void _count_plain_rows(self, Py_ssize_t count) noexcept:
@@ -540,7 +539,7 @@ cdef class InputWriter:
                     _checks.metadata_replanned()
                 self._meta.check_capacity(self._num_tokens, padded)
                 if self._meta.has_device_table:
-                    self._meta.plan_deltas(self._num_tokens)  # consumes the tables' marks: nothing fails after it
+                    self._meta.commit_deltas(self._num_tokens)  # consumes the tables' marks: nothing fails after it
             work = self._num_tokens + (0 if self._meta is None else self._meta.write_work(padded))
             if work >= NOGIL_MIN_WRITES:
                 self._take_refs()

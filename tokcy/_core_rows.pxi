@@ -135,11 +135,54 @@ cdef void emit_plain_rows(const PlainRow* rows, Py_ssize_t count, Outputs* out, 
         seq += 1
         gather += 1
     if meta is not None:  # a loop of its own: the rows' loop stays branch-free
-        for index in range(count):
-            meta.write_sequence(rows[index].meta_index, rows[index].pos0, 1, counters[0] + index, counters[1] + index)
+        if meta.num_groups == 1 and meta.block_table[0] == NULL:
+            write_plain_metadata(rows, count, meta, counters[0], counters[1])
+        else:
+            for index in range(count):
+                meta.write_sequence(rows[index].meta_index, rows[index].pos0, 1, counters[0] + index,
+                                    counters[1] + index)
     counters[0] = row
     counters[1] = seq
     counters[2] = gather
+
+
+cdef void write_plain_metadata(const PlainRow* rows, Py_ssize_t count, AttentionMetadata meta, Py_ssize_t row0,
+                               Py_ssize_t seq0) noexcept nogil:
+    """meta.write_sequence(row.meta_index, row.pos0, 1, row0 + i, seq0 + i) for each plain
+    row, for one layer group whose block tables the device gathers (no host tables): the
+    same entries, in a loop that keeps its running sums in registers."""
+    cdef const GroupSpec* spec
+    cdef Py_ssize_t index, pos, block
+    cdef int64_t block_size = meta.block_size[0]
+    cdef int shift = meta.block_shift[0]
+    cdef int64_t* slots = meta.slot_mapping[0] + row0
+    cdef int32_t* kv_lens = meta.kv_lens + seq0
+    cdef int32_t* cu_kv_seqlens = meta.cu_kv_seqlens + seq0
+    cdef int32_t* indptr = meta.kv_indptr[0] + seq0
+    cdef int32_t* last_page_len = meta.kv_last_page_len[0] + seq0
+    cdef int32_t* table_slots = meta.table_slots + seq0 if meta.has_device_table else NULL
+    cdef int32_t kv_len, kv_sum = cu_kv_seqlens[0], live_sum = indptr[0], max_kv_len = meta.max_kv_len
+    debug_assert(row0 + count <= meta.cap_tokens and seq0 + count <= meta.cap_seqs)
+    for index in range(count):
+        spec = &meta.groups[rows[index].meta_index]
+        pos = rows[index].pos0
+        kv_len = <int32_t>(pos + 1)
+        block = block_of(pos, block_size, shift)
+        debug_assert(spec.num_released <= block and block < spec.num_blocks)  # plan_decode_run / plan_sequence
+        slots[index] = <int64_t>spec.blocks[block] * block_size + (pos - block * block_size)
+        kv_lens[index] = kv_len
+        kv_sum += kv_len
+        cu_kv_seqlens[index + 1] = kv_sum
+        live_sum += <int32_t>(block + 1 - spec.num_released)
+        indptr[index + 1] = live_sum
+        last_page_len[index] = <int32_t>(kv_len - block * block_size)
+        if kv_len > max_kv_len:
+            max_kv_len = kv_len
+        if table_slots != NULL:
+            table_slots[index] = meta.sequence_slots[rows[index].meta_index]
+    meta.max_kv_len = max_kv_len
+    if count and meta.max_query_len < 1:
+        meta.max_query_len = 1
 
 
 cdef void fill_rows(const SeqSpec* specs, Py_ssize_t first_draft_end, Py_ssize_t device_end, const PlainRow* plain,

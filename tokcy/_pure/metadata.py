@@ -80,6 +80,7 @@ class AttentionMetadata:
         self.longest_table = 0
         self.plan_serial = 0  # bumped by every begin() and release(): see InputWriter.write
         self._planned = []
+        self._changed = []  # the plans whose rows need entries (plan_deltas)
 
     def bind(self, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
              block_table=None, kv_indices=None):
@@ -204,6 +205,7 @@ class AttentionMetadata:
     def release(self):
         self.plan_serial += 1
         self._planned = []
+        self._changed = []
 
     def check_capacity(self, num_tokens, padded):
         if num_tokens > self.cap_tokens:
@@ -236,11 +238,14 @@ class AttentionMetadata:
                     plan.released_begin = plan.released_end = 0
                 plan.ids_begin = min(start, plan.num_blocks)
                 plan.zero_end = max(sent, plan.num_blocks)
-                total += (plan.released_end - plan.released_begin) + (plan.zero_end - plan.ids_begin)
-                plans.append(plan)
+                count = (plan.released_end - plan.released_begin) + (plan.zero_end - plan.ids_begin)
+                if count:  # a table that sends nothing is in its row already, its mark at its size
+                    total += count
+                    plans.append(plan)
         if num_tokens + 2 * total > len(self.delta_area):
             _checks.over_capacity("changed block-table entries", total, (len(self.delta_area) - num_tokens) // 2)
-        for plan in plans:  # commit: new stamps, the rows' state, the marks consumed
+        self._changed = plans
+        for plan in plans:  # commit, for the tables that send entries: new stamps, the rows' state, the marks consumed
             stamp = next(_stamps)
             plan.buffer.table_stamp = stamp
             plan.buffer.table_dirty_from = plan.num_blocks
@@ -306,13 +311,12 @@ class AttentionMetadata:
         indices = self.delta_area[num_tokens : num_tokens + total]
         values = self.delta_area[num_tokens + total : num_tokens + 2 * total]
         count = 0
-        for _, plans in self._planned:
-            for plan in plans:
-                row_start = plan.row * self.width
-                for begin, end, source in ((plan.released_begin, plan.released_end, -1),
-                                           (plan.ids_begin, plan.num_blocks, plan.blocks),
-                                           (plan.num_blocks, plan.zero_end, 0)):
-                    if end > begin:
-                        indices[count : count + end - begin] = np.arange(row_start + begin, row_start + end)
-                        values[count : count + end - begin] = source if type(source) is int else source[begin:end]
-                        count += end - begin
+        for plan in self._changed:
+            row_start = plan.row * self.width
+            for begin, end, source in ((plan.released_begin, plan.released_end, -1),
+                                       (plan.ids_begin, plan.num_blocks, plan.blocks),
+                                       (plan.num_blocks, plan.zero_end, 0)):
+                if end > begin:
+                    indices[count : count + end - begin] = np.arange(row_start + begin, row_start + end)
+                    values[count : count + end - begin] = source if type(source) is int else source[begin:end]
+                    count += end - begin

@@ -278,10 +278,9 @@ class InputPreparer:
                 raise ValueError(f"seq_slot {bad} is out of range for previous_new_tokens of {previous.shape[0]} slots")
             self._next = (slot + 1) % len(self._staging)
             used = self._input_ids_end + counts[3]  # + num_tokens
-            num_changed = 0
             if self.block_sizes is not None:
-                num_changed = host._metadata[1][2]  # the writer's results(): changed table entries
-                used += 2 * num_changed
+                results = host._metadata[1]  # the writer's results(): (.., .., changed table entries, ..)
+                used += 2 * results[2]
             target, sources = self._copy_pairs.get(used) or self._new_copy_prefixes(used)
             if self._numpy_copy:
                 target[:] = sources[slot]
@@ -298,7 +297,13 @@ class InputPreparer:
                 self.tensors["input_ids"][start : start + count].copy_(tokens)
             metadata = None
             if self.block_sizes is not None:
-                metadata = self._device_metadata(host, num_changed)
+                # scatter the changed entries into the device table and gather the batch's
+                # tables (device work, issued now); _set_device_metadata makes the views
+                padded = counts[5]
+                views = self._batch_view_cache.get(padded) or self._batch_views(padded)
+                tables = self.device_table.apply(self._device_packed, self._input_ids_end + counts[3], results[2],
+                                                 views[0], views[1], views[2], self.block_sizes, results[3])
+                metadata = (tables, padded, counts[3], results[0], results[1])
             inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, metadata), without the __init__ call
             inputs._preparer = self
             inputs.host = host
@@ -308,17 +313,6 @@ class InputPreparer:
                 self.device_table.rows().forget()
             raise
         return inputs
-
-    def _device_metadata(self, host, num_changed):
-        """Scatter the changed entries into the device table and gather the batch's tables
-        (device work, issued now); returns what ``_set_device_metadata`` makes the views from."""
-        num_tokens, padded = host._counts[3], host._counts[5]
-        _, results, _, _, _ = host._metadata
-        max_query_len, max_kv_len, _, num_indices = results
-        kv_lens, table_slots, indptrs = self._batch_views(padded)
-        tables = self.device_table.apply(self._device_packed, self._input_ids_end + num_tokens, num_changed, kv_lens,
-                                         table_slots, indptrs, self.block_sizes, num_indices)
-        return tables, padded, num_tokens, max_query_len, max_kv_len
 
     def _batch_views(self, padded):
         """(kv_lens, table_slots, [kv_indptr per group]) of the device packed buffer for a

@@ -1,0 +1,192 @@
+"""The attention metadata of the common decode sequence (one row, one layer group): the
+compiled backend plans a run of them with its totals in locals and writes them in a loop
+of its own, and each table's device-table delta is planned with it; only the tables that
+send entries are committed. Checked here, both backends:
+
+* a worked example: exact arrays, the entries each step sends and the device rows;
+* random runs mixing that sequence with every other one (Request subclasses, drafts,
+  first drafts, shuffled ids, block sizes that are and are not powers of two, released
+  blocks, rewinds, rewritten ids), against the independent reference, the device rows
+  against the tables, and the bytes each step sends against the other backend running the
+  same script (with the CPU copy and with the torch copy a GPU takes);
+* errors met inside a run: the same error as the other backend, and nothing consumed.
+"""
+
+import numpy as np
+import pytest
+
+from attention_reference import assert_metadata, attention_reference
+from tokcy import RequestState, _backend
+from tokcy.executor import InputPreparer
+
+torch = pytest.importorskip("torch")
+
+GENERATING = RequestState.GENERATION_IN_PROGRESS
+SLOTS = 24
+WIDTH = 40
+MAX_DRAFT_LEN = 2
+
+
+def decoding(module, request_id, num_tokens, blocks, slot, released=0):
+    request = module.Request(request_id, list(range(num_tokens)))
+    request.state = GENERATING
+    request.seq_slot = slot
+    request.block_tables[0].extend(blocks)
+    request.block_tables[0].release_front(released)
+    return request
+
+
+def test_worked_example_block_size_4(backend):
+    # A: 6 tokens, row at position 5 = block 1 (id 11), offset 1: slot 45, last page 2.
+    a = decoding(backend, 1, 6, [10, 11], slot=2)
+    # B: 4 tokens, position 3 = block 0 (id 7), offset 3: slot 31, last page 4.
+    b = decoding(backend, 2, 4, [7], slot=0)
+    # C: 9 tokens, position 8 = block 2 (id 8), offset 0: slot 32, last page 1; block 0
+    # released by a sliding window: 2 live blocks, its device row reads -1 there.
+    c = decoding(backend, 3, 9, [3, 5, 8], slot=1, released=1)
+    preparer = InputPreparer(8, 4, block_size=4, max_blocks_per_seq=4, max_slots=4)
+    inputs = preparer.prepare([], [a, b, c])
+    assert inputs.slot_mapping.tolist() == [45, 31, 32]
+    assert inputs.kv_lens.tolist() == [6, 4, 9]
+    assert inputs.cu_kv_seqlens.tolist() == [0, 6, 10, 19]
+    assert inputs.kv_indptr.tolist() == [0, 2, 3, 5]
+    assert inputs.kv_last_page_len.tolist() == [2, 4, 1]
+    assert inputs.kv_indices.tolist() == [10, 11, 7, 5, 8]
+    assert inputs.block_table.tolist() == [[10, 11, 0, 0], [7, 0, 0, 0], [-1, 5, 8, 0]]
+    assert (inputs.max_query_len, inputs.max_kv_len) == (1, 9)
+    first_bytes = preparer.last_copy_bytes
+    # step 2: A's new token stays in block 1; no table changed: no entry sent
+    a.add_new_token(1)
+    inputs = preparer.prepare([], [a, b, c])
+    assert inputs.slot_mapping.tolist() == [46, 31, 32]
+    no_change_bytes = preparer.last_copy_bytes
+    assert first_bytes - no_change_bytes == 6 * 8  # the first step sent 2 + 1 + 3 entries (index, value)
+    # step 3: B's new token opens block 1 (id 9); C's window releases block 1: one entry each
+    b.add_new_token(1)
+    b.block_tables[0].append(9)
+    c.block_tables[0].release_front(2)
+    inputs = preparer.prepare([], [a, b, c])
+    assert preparer.last_copy_bytes - no_change_bytes == 2 * 8
+    assert inputs.slot_mapping.tolist() == [46, 36, 32]
+    assert inputs.kv_indptr.tolist() == [0, 2, 4, 5]
+    assert inputs.kv_indices.tolist() == [10, 11, 7, 9, 8]
+    assert preparer.block_table[0].tolist() == [[7, 9, 0, 0], [-1, -1, 8, 0], [10, 11, 0, 0], [0, 0, 0, 0]]
+
+
+def lowest_keep(request, block_size):
+    """The fewest tokens a rewind keeps: a first draft's rows stay after the released blocks."""
+    return max(request.prompt_len, request.block_tables[0].num_released * block_size + MAX_DRAFT_LEN + 1)
+
+
+class Run:
+    """One backend's requests and preparer, driven by a seeded script."""
+
+    def __init__(self, module, seed, block_size, torch_copy):
+        self.module, self.rng, self.block_size = module, np.random.default_rng(seed), block_size
+        self.preparer = InputPreparer(256, SLOTS, max_draft_len=MAX_DRAFT_LEN, block_size=block_size,
+                                      max_blocks_per_seq=WIDTH, max_slots=SLOTS)
+        self.preparer._numpy_copy = not torch_copy
+        subclass = type("Subclassed", (module.Request,), {})  # takes the general loop in both passes
+        self.next_block = 1
+        self.requests = []
+        for slot in range(SLOTS):
+            cls = subclass if self.rng.random() < 0.25 else module.Request
+            request = cls(slot, list(range(int(self.rng.integers(1, 8 * block_size)))))
+            request.state = GENERATING
+            request.seq_slot = slot
+            self.cover(request, request.get_num_tokens(0) + 1)
+            self.requests.append(request)
+        self.kinds = set()
+
+    def cover(self, request, num_positions):
+        table = request.block_tables[0]
+        missing = -(-num_positions // self.block_size) - len(table)
+        if missing > 0:
+            table.extend(range(self.next_block, self.next_block + missing))
+            self.next_block += missing
+
+    def step(self):
+        rng, size = self.rng, self.block_size
+        first_drafts = []
+        for request in self.requests:
+            table, n = request.block_tables[0], request.get_num_tokens(0)
+            request.draft_tokens = []
+            event = rng.random()
+            if event < 0.45:
+                request.add_new_token(1)
+            elif event < 0.55:
+                table[-1] = self.next_block  # a block re-allocated
+                self.next_block += 1
+            elif event < 0.65:  # the window frees blocks before the first row any kind would read
+                window = max(0, n - MAX_DRAFT_LEN - 1) // size
+                table.release_front(max(table.num_released, int(rng.integers(0, window + 1))))
+            elif event < 0.72 and n > lowest_keep(request, size):  # rejected tokens and their blocks
+                request.truncate(int(rng.integers(lowest_keep(request, size), n)))
+                table.truncate(max(table.num_released + 1, -(-(request.get_num_tokens(0) + 1) // size)))
+            elif event < 0.8:
+                request.draft_tokens = [3] * int(rng.integers(1, MAX_DRAFT_LEN + 1))
+            elif event < 0.85:
+                first_drafts.append(request)
+            self.cover(request, request.get_num_tokens(0) + MAX_DRAFT_LEN + 1)
+        generation = [request for request in self.requests if request not in first_drafts]
+        if rng.random() < 0.3:
+            rng.shuffle(generation)
+        self.kinds.update(type(request).__name__ + ("+drafts" if request.num_draft_tokens else "")
+                          for request in generation)
+        return generation, first_drafts
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 16])
+@pytest.mark.parametrize("torch_copy", [False, True])
+def test_random_runs_match_reference_and_other_backend(backend, both_backends, monkeypatch, block_size, torch_copy):
+    other = both_backends[1] if backend is both_backends[0] else both_backends[0]
+    runs = {module: Run(module, 4242 + block_size, block_size, torch_copy) for module in (backend, other)}
+    for _ in range(25):
+        sent = {}
+        for module, run in runs.items():
+            monkeypatch.setattr(_backend, "module", module)
+            generation, first_drafts = run.step()
+            inputs = run.preparer.prepare([], generation, first_draft_requests=first_drafts)
+            sent[module] = run.preparer.last_copy_bytes
+            if module is backend:
+                batch = {"context": [], "generation": generation, "first_draft": first_drafts, "device": []}
+                top, groups = attention_reference(batch, MAX_DRAFT_LEN, None, (block_size,), WIDTH)
+                assert_metadata(inputs, top, groups)
+                rows = run.preparer.block_table[0]
+                for request in run.requests:
+                    table = request.block_tables[0].tolist()
+                    assert rows[request.seq_slot].tolist() == table + [0] * (WIDTH - len(table))
+        assert sent[backend] == sent[other]  # the same entries sent
+    assert runs[backend].kinds == {"Request", "Request+drafts", "Subclassed", "Subclassed+drafts"}
+
+
+def test_an_error_inside_a_run_is_the_other_backends_and_consumes_nothing(backend, both_backends, monkeypatch):
+    other = both_backends[1] if backend is both_backends[0] else both_backends[0]
+    results = {}
+    for module in (backend, other):
+        monkeypatch.setattr(_backend, "module", module)
+        preparer = InputPreparer(16, 8, block_size=4, max_blocks_per_seq=8, max_slots=8)
+        requests = [decoding(module, index, 5 + index, [10 * index + 1, 10 * index + 2, 10 * index + 3], slot=index)
+                    for index in range(6)]
+        preparer.prepare([], requests)
+        requests[1].block_tables[0][2] = 99  # a change the failing calls must not consume
+        bad_slot = decoding(module, 6, 5, [70, 71], slot=3)  # slot 3 is request 3's
+        short = decoding(module, 7, 13, [80], slot=7)  # position 12 needs block 3: it has 1
+        context = module.Request(8, [1, 2, 3])  # a context request among the generation ones
+        errors = []
+        for batch in ([requests[0], requests[1], short, context],  # the first error in order: the blocks
+                      [requests[0], context, short],  # the state, before the blocks of a later request
+                      requests[:4] + [bad_slot]):
+            with pytest.raises((ValueError, TypeError)) as error:
+                preparer.prepare([], batch)
+            errors.append((type(error.value), str(error.value)))
+        preparer.prepare([], requests)
+        results[module] = (errors, preparer.last_copy_bytes, preparer.block_table[0, 1].tolist())
+    assert results[backend] == results[other]
+    errors, _, row = results[backend]
+    assert errors == [
+        (ValueError, "request 7 group 0: position 12 needs block 3, but its block table holds only 1 blocks"),
+        (ValueError, "request 8 in generation_requests must be in state GENERATION_IN_PROGRESS, but it is CONTEXT_INIT"),
+        (ValueError, "seq_slot 3 is used by both request 3 and request 6"),
+    ]
+    assert row == [11, 12, 99, 0, 0, 0, 0, 0]  # the change reached the row after the failures
