@@ -140,8 +140,9 @@ cdef class ReportState:
             number = self.num_slots_used
             self.num_slots_used += 1
             self.slots[number].num_blocks = NULL
-            self.slots[number].group_capacity = 0
-        slot = &self.slots[number]
+        slot = &self.slots[number]  # its num_blocks is NULL: never allocated, or freed by _remove
+        slot.group_capacity = INLINE_GROUPS
+        slot.inline_blocks[0] = slot.inline_blocks[1] = 0  # never read before written; zero all the same
         slot.request_id = request_id
         slot.stamp = 0
         slot.num_tokens = 0
@@ -223,6 +224,8 @@ cdef class ReportState:
             counts = <Py_ssize_t*>realloc(slot.num_blocks, num_groups * sizeof(Py_ssize_t))
             if counts == NULL:
                 raise MemoryError()
+            if slot.num_blocks == NULL:  # the counts move out of the slot
+                memcpy(counts, slot.inline_blocks, INLINE_GROUPS * sizeof(Py_ssize_t))
             for group in range(slot.group_capacity, num_groups):
                 counts[group] = 0  # never read before written; zero all the same
             slot.num_blocks = counts
@@ -230,6 +233,20 @@ cdef class ReportState:
         return 0
 
     # ------------------------------------------------------------------ owned references
+    cdef bint _reserve_held(self, Py_ssize_t count) noexcept:
+        """Room for ``count`` more references in ``held``; False (and no exception set) if
+        memory is short, so the caller can undo C-only work before anything raises."""
+        cdef PyObject** held
+        cdef Py_ssize_t capacity
+        if self.num_held + count > self.held_capacity:
+            capacity = grown_capacity(self.held_capacity, self.num_held + count)
+            held = <PyObject**>realloc(self.held, capacity * sizeof(PyObject*))
+            if held == NULL:
+                return False
+            self.held = held
+            self.held_capacity = capacity
+        return True
+
     cdef inline int _hold(self, object obj) except -1:
         """Keep ``obj`` alive until ``_release_held`` (a strong reference, in C)."""
         cdef PyObject** held
@@ -318,11 +335,13 @@ cdef class ReportState:
         job.num_pauses = request._num_pauses
         size = request._beam0.size
         begin = 0
+        job.replaced = 0
         if not job.is_new:
             dirty_from = request._beam0.dirty_from
             begin = slot.num_tokens if slot.num_tokens < dirty_from else dirty_from
             if begin > size:
                 begin = size
+            job.replaced = slot.num_tokens - begin
         check_span(job.request_id, begin, size, size, request._beam0.capacity)
         job.buffer = <PyObject*>request._beam0
         job.data = request._beam0.data
@@ -348,7 +367,7 @@ cdef class ReportState:
             reported = 0
             begin = 0
             if not job.is_new:
-                reported = slot.num_blocks[group]
+                reported = blocks_of(slot)[group]
                 dirty_from = (<BlockTable>table)._buffer.dirty_from
                 begin = reported if reported < dirty_from else dirty_from
                 if begin > size:
@@ -364,6 +383,120 @@ cdef class ReportState:
             part.released = (<BlockTable>table)._num_released
             total_segments[0] += 1
         return 0
+
+    # ------------------------------------------------------------------ pass 1, the common rows
+    cdef Py_ssize_t _plan_fast_rows(self, list items, Py_ssize_t index, Py_ssize_t kind, int64_t stamp,
+                                    Py_ssize_t* totals, bint consume) noexcept:
+        """Plan the common rows of ``items`` (generation or device-token rows, ``kind`` 1 or
+        2) from ``index`` on: an exact Request, already reported and not paused since, not
+        finished, not yet in this call, its slot hint valid, its layer-group count the one
+        reported, every table an exact BlockTable, every copy inside its buffer. Returns the
+        index of the first request that is anything else (the general _plan_row plans it or
+        raises its error), having changed nothing for it. Runs no Python code and raises
+        nothing: the requests are read through borrowed pointers, and with ``consume`` the
+        rows' change marks are consumed at once (the whole batch is valid so far, and
+        build() gives them back, in C, before any general row's checks can run Python
+        code). ``totals``: rows, tokens, segments and blocks planned so far, updated."""
+        cdef Py_ssize_t count = len(items)
+        cdef Py_ssize_t row = totals[0], num_tokens = totals[1], num_segments = totals[2], num_blocks = totals[3]
+        cdef Py_ssize_t number, size, begin, begin_blocks, reported, group, num_groups
+        cdef PyObject* item
+        cdef PyObject* tables
+        cdef PyObject* table
+        cdef PyObject* tokens       # borrowed, as every pointer here: nothing is counted per row
+        cdef PyObject* block_ids
+        cdef ReportSlot* slot
+        cdef Py_ssize_t* slot_blocks
+        cdef RowJob* job
+        cdef SegmentJob* part
+        cdef bint fits
+        while index < count:
+            item = PyList_GET_ITEM(items, index)
+            if <void*>item.ob_type != <void*>Request:
+                break
+            number = (<Request>item)._report_slot
+            if <size_t>number >= <size_t>self.num_slots_used:
+                break
+            slot = &self.slots[number]
+            if (slot.request_id != (<Request>item)._request_id or not slot.live or not slot.reported
+                    or slot.stamp == stamp or slot.num_pauses != (<Request>item)._num_pauses
+                    or (<Request>item)._state_code == 2):
+                break
+            tables = <PyObject*>(<Request>item)._block_tables
+            num_groups = tuple_size(tables)
+            if num_groups != slot.num_groups or num_segments + num_groups > self.segment_capacity:
+                break
+            tokens = <PyObject*>(<Request>item)._beam0
+            size = (<Int32Buffer>tokens).size
+            begin = (<Int32Buffer>tokens).dirty_from
+            if slot.num_tokens < begin:
+                begin = slot.num_tokens
+            if begin > size:
+                begin = size
+            if begin < 0 or size > (<Int32Buffer>tokens).capacity:
+                break
+            job = &self.rows[row]
+            job.first_segment = num_segments
+            slot_blocks = blocks_of(slot)
+            fits = True
+            for group in range(num_groups):
+                table = tuple_item(tables, group)
+                if <void*>table.ob_type != <void*>BlockTable:
+                    fits = False
+                    break
+                block_ids = <PyObject*>(<BlockTable>table)._buffer
+                reported = slot_blocks[group]
+                begin_blocks = (<Int32Buffer>block_ids).dirty_from
+                if reported < begin_blocks:
+                    begin_blocks = reported
+                if begin_blocks > (<Int32Buffer>block_ids).size:
+                    begin_blocks = (<Int32Buffer>block_ids).size
+                if begin_blocks < 0 or (<Int32Buffer>block_ids).size > (<Int32Buffer>block_ids).capacity:
+                    fits = False
+                    break
+                part = &self.segments[num_segments + group]
+                part.buffer = block_ids
+                part.data = (<Int32Buffer>block_ids).data
+                part.dirty = &(<Int32Buffer>block_ids).dirty_from
+                part.begin = begin_blocks
+                part.end = (<Int32Buffer>block_ids).size
+                part.replaced = reported - begin_blocks
+                part.released = (<BlockTable>table)._num_released
+            if not fits:
+                break
+            # the row is valid: plan it (nothing above changed anything)
+            slot.stamp = stamp
+            job.slot = number
+            job.request_id = slot.request_id
+            job.is_new = False
+            job.num_pauses = slot.num_pauses
+            job.buffer = tokens
+            job.data = (<Int32Buffer>tokens).data
+            job.dirty = &(<Int32Buffer>tokens).dirty_from
+            job.begin = begin
+            job.end = size
+            job.replaced = slot.num_tokens - begin
+            job.num_groups = num_groups
+            if kind == 1:  # generation: the newest host token is re-fed
+                job.position = size - 1
+                job.scheduled = 1 + (<Request>item)._draft_tokens.size
+            else:  # device token: the newest token, at position n, is on the device
+                job.position = size
+                job.scheduled = 1
+            num_tokens += size - begin
+            for group in range(num_groups):
+                part = &self.segments[num_segments + group]
+                num_blocks += part.end - part.begin
+            if consume:
+                consume_marks(job, &self.segments[num_segments])
+            num_segments += num_groups
+            row += 1
+            index += 1
+        totals[0] = row
+        totals[1] = num_tokens
+        totals[2] = num_segments
+        totals[3] = num_blocks
+        return index
 
     # ------------------------------------------------------------------ public calls
     def build(self, context_requests, generation_requests, device_token_requests=()):
@@ -382,6 +515,10 @@ cdef class ReportState:
         cdef int64_t stamp
         cdef bint release_gil = False, claimed
         cdef Py_ssize_t consumed = 0         # rows whose marks this call consumed
+        # the fast plan consumes its rows' marks as it goes, until the first general row
+        cdef bint in_place = True
+        cdef Py_ssize_t count
+        cdef Py_ssize_t totals[4]
         if self.busy:
             _report_checks.busy()
         self.busy = True
@@ -409,7 +546,22 @@ cdef class ReportState:
                 # an error unless their buffers are owned.
                 for kind in range(3):
                     items = <list>groups[kind]
-                    for index in range(len(items)):
+                    count = len(items)
+                    index = 0
+                    while True:
+                        if kind != 0:  # runs of common rows, then one general row, and so on
+                            totals[0], totals[1], totals[2], totals[3] = row, total_tokens, total_segments, total_blocks
+                            index = self._plan_fast_rows(items, index, kind, stamp, totals, in_place)
+                            row, total_tokens, total_segments, total_blocks = totals[0], totals[1], totals[2], totals[3]
+                        if index >= count:
+                            break
+                        if in_place:
+                            # the general checks below may run Python code (to raise), which
+                            # may free a request planned so far: give the fast rows' marks
+                            # back now, and consume every row's once the batch is valid
+                            for number in range(row):
+                                give_back_marks(&self.rows[number], &self.segments[self.rows[number].first_segment])
+                            in_place = False
                         # borrowed: the list holds the request, the request its buffers and
                         # tables (no reference count is touched per request)
                         item = PyList_GET_ITEM(items, index)
@@ -422,6 +574,9 @@ cdef class ReportState:
                         for group in range(job.first_segment, total_segments):
                             total_blocks += self.segments[group].end - self.segments[group].begin
                         row += 1
+                        index += 1
+                if in_place:
+                    consumed = batch
                 # The output goes into the arena's arrays when nothing else references
                 # them (found before the plan; no Python code runs to claim them). A new array is allocated
                 # otherwise, and an allocation can run the garbage collector, hence Python
@@ -434,13 +589,19 @@ cdef class ReportState:
                 release_gil = total_tokens + total_blocks >= NOGIL_MIN_ENTRIES
                 claimed = arena.claim(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
                 if not claimed or release_gil:
-                    self._hold_jobs(batch, total_segments)
-                # the batch is valid and no Python code has run since its marks were read:
-                # consume them (restore_marks() puts them back if the allocation fails; the
-                # buffers are owned by then)
-                for index in range(batch):
-                    consume_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
-                consumed = batch
+                    if not self._reserve_held(2 * (batch + total_segments)):
+                        for index in range(consumed):  # nothing has run since they were consumed
+                            give_back_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
+                        consumed = 0
+                        raise MemoryError()
+                    self._hold_jobs(batch, total_segments)  # cannot fail: the room is reserved
+                if not in_place:
+                    # the batch is valid and no Python code has run since its marks were
+                    # read: consume them (restore_marks() puts them back if the allocation
+                    # fails; the buffers are owned by then)
+                    for index in range(batch):
+                        consume_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
+                    consumed = batch
                 if not claimed:
                     arena.allocate(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
             except BaseException:
@@ -500,6 +661,7 @@ cdef class ReportState:
         cdef RowJob* job
         cdef SegmentJob* part
         cdef ReportSlot* slot
+        cdef Py_ssize_t* slot_blocks
         token_offsets[0] = 0
         group_offsets[0] = 0
         block_offsets[0] = 0
@@ -510,7 +672,7 @@ cdef class ReportState:
             is_new[row] = job.is_new
             positions[row] = job.position
             scheduled[row] = job.scheduled
-            replaced_tokens[row] = 0 if job.is_new else slot.num_tokens - job.begin
+            replaced_tokens[row] = job.replaced
             count = job.end - job.begin
             debug_assert(0 <= count and token_offset + count <= total_tokens)
             if count == 1:
@@ -524,6 +686,7 @@ cdef class ReportState:
             slot.matched = 0  # used by a context row, discarded by any other
             slot.reported = True
             slot.num_groups = job.num_groups
+            slot_blocks = blocks_of(slot)
             for group in range(job.num_groups):
                 segment = job.first_segment + group
                 part = &self.segments[segment]
@@ -537,7 +700,7 @@ cdef class ReportState:
                 block_offsets[segment + 1] = block_offset
                 replaced_blocks[segment] = part.replaced
                 released_blocks[segment] = part.released
-                slot.num_blocks[group] = part.end
+                slot_blocks[group] = part.end
             group_offsets[row + 1] = job.first_segment + job.num_groups
 
     def record_matched_tokens(self, request_id, num_tokens):

@@ -11,6 +11,11 @@ cdef extern from "Python.h":
     Py_ssize_t tuple_size "PyTuple_GET_SIZE"(PyObject* tuple)
 
 
+cdef enum:
+    # layer groups whose reported block counts a slot keeps in itself (ReportSlot.inline_blocks)
+    INLINE_GROUPS = 2
+
+
 cdef struct ReportSlot:
     int64_t request_id
     int64_t stamp              # the build() call that last scheduled it (duplicate check)
@@ -18,8 +23,11 @@ cdef struct ReportSlot:
     Py_ssize_t num_pauses      # the request's pause count at its last report
     Py_ssize_t matched         # connector-supplied tokens to subtract on the next report
     Py_ssize_t num_groups      # layer groups at the first report; NEVER_REPORTED before any
-    Py_ssize_t group_capacity  # entries allocated in num_blocks
-    Py_ssize_t* num_blocks     # blocks reported so far, per group
+    Py_ssize_t group_capacity  # groups blocks_of() has room for
+    # blocks reported so far, per group (blocks_of()): in the slot itself for up to
+    # INLINE_GROUPS groups (num_blocks NULL), else in a malloc'd array
+    Py_ssize_t inline_blocks[INLINE_GROUPS]
+    Py_ssize_t* num_blocks
     Py_ssize_t next_free       # free-list link while the slot is unused
     bint live
     bint reported              # False: the next report is a new request (never reported, or reset)
@@ -39,6 +47,7 @@ cdef struct RowJob:
     Py_ssize_t num_pauses
     Py_ssize_t first_segment
     Py_ssize_t num_groups
+    Py_ssize_t replaced        # already-reported tokens the delta replaces (0 for a new request)
     bint is_new
 
 
@@ -61,6 +70,11 @@ cdef Py_ssize_t NEVER_REPORTED = -1
 cdef Py_ssize_t NOGIL_MIN_ENTRIES = 1 << 16
 
 
+cdef inline Py_ssize_t* blocks_of(ReportSlot* slot) noexcept nogil:
+    """The slot's reported block count per group (group_capacity entries)."""
+    return slot.num_blocks if slot.num_blocks != NULL else slot.inline_blocks
+
+
 cdef inline void consume_marks(RowJob* job, SegmentJob* parts) noexcept:
     """Pass 1, with the GIL: take the connector's change marks of a planned row (its
     tokens and each group's blocks), as read; restore_marks() puts them back."""
@@ -80,6 +94,15 @@ cdef inline void restore_marks(RowJob* job, SegmentJob* parts) noexcept:
     for group in range(job.num_groups):
         if parts[group].saved_dirty < parts[group].dirty[0]:
             parts[group].dirty[0] = parts[group].saved_dirty
+
+
+cdef inline void give_back_marks(RowJob* job, SegmentJob* parts) noexcept:
+    """Undo consume_marks() exactly, when nothing has run since (the marks the fast plan
+    consumed, given back before a general row's checks can run Python code)."""
+    cdef Py_ssize_t group
+    job.dirty[0] = job.saved_dirty
+    for group in range(job.num_groups):
+        parts[group].dirty[0] = parts[group].saved_dirty
 
 
 cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:
