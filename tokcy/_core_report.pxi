@@ -331,6 +331,7 @@ cdef class ReportState:
             self._reserve_segments(total_segments[0] + num_groups)
         job.slot = number
         job.request_id = request._request_id
+        job.committed = False
         job.is_new = not slot.reported or slot.num_pauses != request._num_pauses
         job.num_pauses = request._num_pauses
         size = request._beam0.size
@@ -464,8 +465,14 @@ cdef class ReportState:
                 part.released = (<BlockTable>table)._num_released
             if not fits:
                 break
-            # the row is valid: plan it (nothing above changed anything)
+            # the row is valid: plan it and commit its slot (nothing above changed anything;
+            # build() undoes the commit, from the job, if the call fails)
             slot.stamp = stamp
+            job.committed = True
+            job.saved_matched = slot.matched
+            slot.matched = 0  # used by a context row, discarded by any other
+            job.replaced = slot.num_tokens - begin
+            slot.num_tokens = size
             job.slot = number
             job.request_id = slot.request_id
             job.is_new = False
@@ -475,7 +482,6 @@ cdef class ReportState:
             job.dirty = &(<Int32Buffer>tokens).dirty_from
             job.begin = begin
             job.end = size
-            job.replaced = slot.num_tokens - begin
             job.num_groups = num_groups
             if kind == 1:  # generation: the newest host token is re-fed
                 job.position = size - 1
@@ -487,6 +493,7 @@ cdef class ReportState:
             for group in range(num_groups):
                 part = &self.segments[num_segments + group]
                 num_blocks += part.end - part.begin
+                slot_blocks[group] = part.end
             if consume:
                 consume_marks(job, &self.segments[num_segments])
             num_segments += num_groups
@@ -607,6 +614,9 @@ cdef class ReportState:
             except BaseException:
                 for index in range(consumed):
                     restore_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
+                for index in range(row):
+                    if self.rows[index].committed:
+                        self._uncommit(&self.rows[index])
                 while num_fresh:
                     num_fresh -= 1
                     self._remove(self.slots[self.fresh[num_fresh]].request_id)
@@ -627,6 +637,19 @@ cdef class ReportState:
             self._release_held()
             self.busy = False
         return num_context, arena.columns(batch, total_segments, total_tokens, total_blocks)
+
+    cdef void _uncommit(self, RowJob* job) noexcept:
+        """Put back what the fast plan committed to a row's slot (the call failed); the
+        slot is the manager's own memory, so this is safe whatever ran since."""
+        cdef ReportSlot* slot = &self.slots[job.slot]
+        cdef Py_ssize_t* slot_blocks = blocks_of(slot)
+        cdef SegmentJob* part
+        cdef Py_ssize_t group
+        slot.matched = job.saved_matched
+        slot.num_tokens = job.begin + job.replaced
+        for group in range(job.num_groups):
+            part = &self.segments[job.first_segment + group]
+            slot_blocks[group] = part.begin + part.replaced
 
     cdef void _write(
         self,
@@ -667,7 +690,6 @@ cdef class ReportState:
         block_offsets[0] = 0
         for row in range(batch):
             job = &self.rows[row]
-            slot = &self.slots[job.slot]
             request_ids[row] = job.request_id
             is_new[row] = job.is_new
             positions[row] = job.position
@@ -681,12 +703,16 @@ cdef class ReportState:
                 memcpy(tokens + token_offset, job.data + job.begin, count * sizeof(int32_t))
             token_offset += count
             token_offsets[row + 1] = token_offset
-            slot.num_tokens = job.end
-            slot.num_pauses = job.num_pauses
-            slot.matched = 0  # used by a context row, discarded by any other
-            slot.reported = True
-            slot.num_groups = job.num_groups
-            slot_blocks = blocks_of(slot)
+            if not job.committed:  # a general row's slot is committed here
+                slot = &self.slots[job.slot]
+                slot.num_tokens = job.end
+                slot.num_pauses = job.num_pauses
+                slot.matched = 0  # used by a context row, discarded by any other
+                slot.reported = True
+                slot.num_groups = job.num_groups
+                slot_blocks = blocks_of(slot)
+                for group in range(job.num_groups):
+                    slot_blocks[group] = self.segments[job.first_segment + group].end
             for group in range(job.num_groups):
                 segment = job.first_segment + group
                 part = &self.segments[segment]
@@ -700,7 +726,6 @@ cdef class ReportState:
                 block_offsets[segment + 1] = block_offset
                 replaced_blocks[segment] = part.replaced
                 released_blocks[segment] = part.released
-                slot_blocks[group] = part.end
             group_offsets[row + 1] = job.first_segment + job.num_groups
 
     def record_matched_tokens(self, request_id, num_tokens):

@@ -48,7 +48,9 @@ cdef struct RowJob:
     Py_ssize_t first_segment
     Py_ssize_t num_groups
     Py_ssize_t replaced        # already-reported tokens the delta replaces (0 for a new request)
+    Py_ssize_t saved_matched   # a committed row's slot.matched before, put back if the call fails
     bint is_new
+    bint committed             # its slot already holds the report (the fast plan's rows; undone if the call fails)
 
 
 cdef struct SegmentJob:
