@@ -394,38 +394,41 @@ cdef class ReportState:
         reported, every table an exact BlockTable, every copy inside its buffer. Returns the
         index of the first request that is anything else (the general _plan_row plans it or
         raises its error), having changed nothing for it. Runs no Python code and raises
-        nothing: the requests are read through borrowed pointers, and with ``consume`` the
-        rows' change marks are consumed at once (the whole batch is valid so far, and
+        nothing: the requests are read through borrowed pointers. Each planned row's slot
+        is committed at once (build() undoes it from the job if the call fails) and, with
+        ``consume``, its change marks are consumed (the whole batch is valid so far, and
         build() gives them back, in C, before any general row's checks can run Python
         code). ``totals``: rows, tokens, segments and blocks planned so far, updated."""
-        cdef Py_ssize_t count = len(items)
-        cdef Py_ssize_t row = totals[0], num_tokens = totals[1], num_segments = totals[2], num_blocks = totals[3]
-        cdef Py_ssize_t number, size, begin, begin_blocks, reported, group, num_groups
+        # everything the loop reads of self in locals: its stores cannot alias them
+        cdef ReportSlot* slots = self.slots
+        cdef RowJob* job = self.rows + totals[0]
+        cdef SegmentJob* parts = self.segments + totals[2]
+        cdef SegmentJob* parts_end = self.segments + self.segment_capacity
+        cdef size_t num_slots = <size_t>self.num_slots_used
+        cdef Py_ssize_t count = len(items), first = index
+        cdef Py_ssize_t num_tokens = totals[1], num_blocks = totals[3], segment = totals[2]
+        cdef Py_ssize_t number, size, begin, group, num_groups, new_blocks, planned
+        cdef PyObject** requests = PySequence_Fast_ITEMS(items)
         cdef PyObject* item
         cdef PyObject* tables
-        cdef PyObject* table
         cdef PyObject* tokens       # borrowed, as every pointer here: nothing is counted per row
-        cdef PyObject* block_ids
         cdef ReportSlot* slot
         cdef Py_ssize_t* slot_blocks
-        cdef RowJob* job
-        cdef SegmentJob* part
-        cdef bint fits
         while index < count:
-            item = PyList_GET_ITEM(items, index)
+            item = requests[index]
             if <void*>item.ob_type != <void*>Request:
                 break
             number = (<Request>item)._report_slot
-            if <size_t>number >= <size_t>self.num_slots_used:
+            if <size_t>number >= num_slots:
                 break
-            slot = &self.slots[number]
+            slot = &slots[number]
             if (slot.request_id != (<Request>item)._request_id or not slot.live or not slot.reported
                     or slot.stamp == stamp or slot.num_pauses != (<Request>item)._num_pauses
                     or (<Request>item)._state_code == 2):
                 break
             tables = <PyObject*>(<Request>item)._block_tables
             num_groups = tuple_size(tables)
-            if num_groups != slot.num_groups or num_segments + num_groups > self.segment_capacity:
+            if num_groups != slot.num_groups or num_groups > parts_end - parts:
                 break
             tokens = <PyObject*>(<Request>item)._beam0
             size = (<Int32Buffer>tokens).size
@@ -436,52 +439,35 @@ cdef class ReportState:
                 begin = size
             if begin < 0 or size > (<Int32Buffer>tokens).capacity:
                 break
-            job = &self.rows[row]
-            job.first_segment = num_segments
             slot_blocks = blocks_of(slot)
-            fits = True
-            for group in range(num_groups):
-                table = tuple_item(tables, group)
-                if <void*>table.ob_type != <void*>BlockTable:
-                    fits = False
-                    break
-                block_ids = <PyObject*>(<BlockTable>table)._buffer
-                reported = slot_blocks[group]
-                begin_blocks = (<Int32Buffer>block_ids).dirty_from
-                if reported < begin_blocks:
-                    begin_blocks = reported
-                if begin_blocks > (<Int32Buffer>block_ids).size:
-                    begin_blocks = (<Int32Buffer>block_ids).size
-                if begin_blocks < 0 or (<Int32Buffer>block_ids).size > (<Int32Buffer>block_ids).capacity:
-                    fits = False
-                    break
-                part = &self.segments[num_segments + group]
-                part.buffer = block_ids
-                part.data = (<Int32Buffer>block_ids).data
-                part.dirty = &(<Int32Buffer>block_ids).dirty_from
-                part.begin = begin_blocks
-                part.end = (<Int32Buffer>block_ids).size
-                part.replaced = reported - begin_blocks
-                part.released = (<BlockTable>table)._num_released
-            if not fits:
+            if num_groups == 1:  # the common layout, without a loop's set-up
+                new_blocks = plan_fast_segment(tuple_item(tables, 0), slot_blocks[0], parts)
+            else:
+                new_blocks = 0
+                for group in range(num_groups):
+                    planned = plan_fast_segment(tuple_item(tables, group), slot_blocks[group], &parts[group])
+                    if planned < 0:
+                        new_blocks = -1
+                        break
+                    new_blocks += planned
+            if new_blocks < 0:  # a table that is anything else
                 break
             # the row is valid: plan it and commit its slot (nothing above changed anything;
             # build() undoes the commit, from the job, if the call fails)
             slot.stamp = stamp
-            job.committed = True
-            job.saved_matched = slot.matched
-            slot.matched = 0  # used by a context row, discarded by any other
-            job.replaced = slot.num_tokens - begin
-            slot.num_tokens = size
             job.slot = number
             job.request_id = slot.request_id
             job.is_new = False
+            job.committed = True
+            job.saved_matched = slot.matched
             job.num_pauses = slot.num_pauses
             job.buffer = tokens
             job.data = (<Int32Buffer>tokens).data
             job.dirty = &(<Int32Buffer>tokens).dirty_from
             job.begin = begin
             job.end = size
+            job.replaced = slot.num_tokens - begin
+            job.first_segment = segment
             job.num_groups = num_groups
             if kind == 1:  # generation: the newest host token is re-fed
                 job.position = size - 1
@@ -489,19 +475,24 @@ cdef class ReportState:
             else:  # device token: the newest token, at position n, is on the device
                 job.position = size
                 job.scheduled = 1
-            num_tokens += size - begin
-            for group in range(num_groups):
-                part = &self.segments[num_segments + group]
-                num_blocks += part.end - part.begin
-                slot_blocks[group] = part.end
+            slot.matched = 0  # used by a context row, discarded by any other
+            slot.num_tokens = size
+            if num_groups == 1:  # the common layout, without a loop's set-up
+                slot_blocks[0] = parts[0].end
+            else:
+                for group in range(num_groups):
+                    slot_blocks[group] = parts[group].end
             if consume:
-                consume_marks(job, &self.segments[num_segments])
-            num_segments += num_groups
-            row += 1
+                consume_marks(job, parts)
+            num_tokens += size - begin
+            num_blocks += new_blocks
+            segment += num_groups
+            parts += num_groups
+            job += 1
             index += 1
-        totals[0] = row
+        totals[0] += index - first
         totals[1] = num_tokens
-        totals[2] = num_segments
+        totals[2] = segment
         totals[3] = num_blocks
         return index
 
@@ -703,7 +694,7 @@ cdef class ReportState:
                 memcpy(tokens + token_offset, job.data + job.begin, count * sizeof(int32_t))
             token_offset += count
             token_offsets[row + 1] = token_offset
-            if not job.committed:  # a general row's slot is committed here
+            if not job.committed:  # a general row's slot is committed here (a fast row's was in pass 1)
                 slot = &self.slots[job.slot]
                 slot.num_tokens = job.end
                 slot.num_pauses = job.num_pauses
@@ -713,20 +704,16 @@ cdef class ReportState:
                 slot_blocks = blocks_of(slot)
                 for group in range(job.num_groups):
                     slot_blocks[group] = self.segments[job.first_segment + group].end
-            for group in range(job.num_groups):
-                segment = job.first_segment + group
-                part = &self.segments[segment]
-                count = part.end - part.begin
-                debug_assert(0 <= count and block_offset + count <= total_blocks)
-                if count == 1:
-                    block_ids[block_offset] = part.data[part.begin]
-                elif count:
-                    memcpy(block_ids + block_offset, part.data + part.begin, count * sizeof(int32_t))
-                block_offset += count
-                block_offsets[segment + 1] = block_offset
-                replaced_blocks[segment] = part.replaced
-                released_blocks[segment] = part.released
-            group_offsets[row + 1] = job.first_segment + job.num_groups
+            segment = job.first_segment
+            if job.num_groups == 1:  # the common layout, without a loop's set-up
+                block_offset = write_segment(&self.segments[segment], segment, block_offset, block_ids,
+                                             block_offsets, replaced_blocks, released_blocks)
+            else:
+                for group in range(job.num_groups):
+                    block_offset = write_segment(&self.segments[segment + group], segment + group, block_offset,
+                                                 block_ids, block_offsets, replaced_blocks, released_blocks)
+            debug_assert(block_offset <= total_blocks)
+            group_offsets[row + 1] = segment + job.num_groups
 
     def record_matched_tokens(self, request_id, num_tokens):
         cdef int64_t key = _tokens.as_index(request_id, "request_id")

@@ -77,6 +77,11 @@ cdef inline Py_ssize_t* blocks_of(ReportSlot* slot) noexcept nogil:
     return slot.num_blocks if slot.num_blocks != NULL else slot.inline_blocks
 
 
+cdef inline void consume_mark(SegmentJob* part) noexcept:
+    part.saved_dirty = part.dirty[0]
+    part.dirty[0] = part.end
+
+
 cdef inline void consume_marks(RowJob* job, SegmentJob* parts) noexcept:
     """Pass 1, with the GIL: take the connector's change marks of a planned row (its
     tokens and each group's blocks), as read; restore_marks() puts them back."""
@@ -84,8 +89,7 @@ cdef inline void consume_marks(RowJob* job, SegmentJob* parts) noexcept:
     job.saved_dirty = job.dirty[0]
     job.dirty[0] = job.end
     for group in range(job.num_groups):
-        parts[group].saved_dirty = parts[group].dirty[0]
-        parts[group].dirty[0] = parts[group].end
+        consume_mark(&parts[group])
 
 
 cdef inline void restore_marks(RowJob* job, SegmentJob* parts) noexcept:
@@ -105,6 +109,50 @@ cdef inline void give_back_marks(RowJob* job, SegmentJob* parts) noexcept:
     job.dirty[0] = job.saved_dirty
     for group in range(job.num_groups):
         parts[group].dirty[0] = parts[group].saved_dirty
+
+
+cdef inline Py_ssize_t plan_fast_segment(PyObject* table, Py_ssize_t reported, SegmentJob* part) noexcept:
+    """The fast plan of one layer group (``table``, borrowed; ``reported``: its blocks
+    reported so far): the new blocks, or -1 if ``table`` is not an exact BlockTable or
+    its copy would leave its buffer (the general plan then raises the error)."""
+    cdef PyObject* block_ids
+    cdef Py_ssize_t size, begin
+    if <void*>table.ob_type != <void*>BlockTable:
+        return -1
+    block_ids = <PyObject*>(<BlockTable>table)._buffer
+    size = (<Int32Buffer>block_ids).size
+    begin = (<Int32Buffer>block_ids).dirty_from
+    if reported < begin:
+        begin = reported
+    if begin > size:
+        begin = size
+    if begin < 0 or size > (<Int32Buffer>block_ids).capacity:
+        return -1
+    part.buffer = block_ids
+    part.data = (<Int32Buffer>block_ids).data
+    part.dirty = &(<Int32Buffer>block_ids).dirty_from
+    part.begin = begin
+    part.end = size
+    part.replaced = reported - begin
+    part.released = (<BlockTable>table)._num_released
+    return size - begin
+
+
+cdef inline Py_ssize_t write_segment(const SegmentJob* part, Py_ssize_t segment, Py_ssize_t block_offset,
+                                     int32_t* block_ids, int64_t* block_offsets, int64_t* replaced_blocks,
+                                     int64_t* released_blocks) noexcept nogil:
+    """Pass 2: one group's new block ids and counts; returns the next block offset."""
+    cdef Py_ssize_t count = part.end - part.begin
+    debug_assert(0 <= count)
+    if count == 1:
+        block_ids[block_offset] = part.data[part.begin]
+    elif count:
+        memcpy(block_ids + block_offset, part.data + part.begin, count * sizeof(int32_t))
+    block_offset += count
+    block_offsets[segment + 1] = block_offset
+    replaced_blocks[segment] = part.replaced
+    released_blocks[segment] = part.released
+    return block_offset
 
 
 cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:
