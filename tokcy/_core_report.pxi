@@ -67,9 +67,12 @@ cdef class ReportState:
     cdef Py_ssize_t held_capacity
     cdef bint busy                      # a build() is running (maybe in pass 2, without the GIL)
     cdef OutputArena arena              # the arrays the reports are written into, reused
+    cdef bint fast_plan                 # False: every row takes the general plan (tests compare the two)
+    cdef Py_ssize_t num_fast_rows       # rows the fast plan has planned so far (a counter for tests)
 
     def __cinit__(self):
         self.free_head = NO_ENTRY
+        self.fast_plan = True
         self.arena = OutputArena()
         self._grow_index(64)
 
@@ -491,6 +494,7 @@ cdef class ReportState:
             job += 1
             index += 1
         totals[0] += index - first
+        self.num_fast_rows += index - first
         totals[1] = num_tokens
         totals[2] = segment
         totals[3] = num_blocks
@@ -547,7 +551,7 @@ cdef class ReportState:
                     count = len(items)
                     index = 0
                     while True:
-                        if kind != 0:  # runs of common rows, then one general row, and so on
+                        if kind != 0 and self.fast_plan:  # runs of common rows, then one general row, and so on
                             totals[0], totals[1], totals[2], totals[3] = row, total_tokens, total_segments, total_blocks
                             index = self._plan_fast_rows(items, index, kind, stamp, totals, in_place)
                             row, total_tokens, total_segments, total_blocks = totals[0], totals[1], totals[2], totals[3]
@@ -751,6 +755,21 @@ cdef class ReportState:
     def num_output_allocations(self):
         """Output arrays allocated so far (reports reuse them when nobody holds them)."""
         return self.arena.num_allocations
+
+    @property
+    def _fast_plan(self):
+        """Whether the common rows take the fast plan (the default); for tests, which
+        compare it with the general plan that every other row takes."""
+        return self.fast_plan
+
+    @_fast_plan.setter
+    def _fast_plan(self, value):
+        self.fast_plan = bool(value)
+
+    @property
+    def _num_fast_rows(self):
+        """Rows the fast plan has planned so far (for tests)."""
+        return self.num_fast_rows
 
     def tracked_request_ids(self):
         cdef Py_ssize_t number
