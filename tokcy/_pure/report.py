@@ -71,12 +71,12 @@ class _Slot:
 class ReportState:
     """Per-request report state of one ``SchedulerOutputManager`` and its batch loop."""
 
-    __slots__ = ("_busy", "_num_reports", "_slots")
+    __slots__ = ("_busy", "_num_allocations", "_slots")
 
     def __init__(self):
         self._slots = {}  # request id -> _Slot
         self._busy = False  # a build() is running (the compiled twin releases the GIL in it)
-        self._num_reports = 0
+        self._num_allocations = [0]  # numpy arrays made for reports so far, shared with their ReportColumns
 
     def build(self, context_requests, generation_requests, device_token_requests=()):
         """Report one iteration; returns (number of context rows, the report's columns: a
@@ -95,9 +95,7 @@ class ReportState:
                 for buffer, dirty_from in consumed:
                     buffer.dirty_from = min(buffer.dirty_from, dirty_from)
                 raise
-            columns = self._commit(fresh, rows)
-            self._num_reports += 1
-            return len(groups[0]), columns
+            return len(groups[0]), self._commit(fresh, rows)
         finally:
             self._busy = False
 
@@ -193,8 +191,9 @@ class ReportState:
                 *replaced_blocks, *released_blocks]
         # the copies are taken now (a snapshot of the buffers); the int64 and bool columns
         # are plain Python values already, and become arrays when first read
-        narrow = _join(token_pieces + block_pieces, sliced)
-        return _new_tuple(ReportColumns, (wide, narrow, is_new, len(rows), num_segments, num_tokens, num_blocks))
+        narrow = _join(token_pieces + block_pieces, sliced, num_tokens + num_blocks, self._num_allocations)
+        return _new_tuple(ReportColumns, (wide, narrow, is_new, len(rows), num_segments, num_tokens, num_blocks,
+                                          self._num_allocations))
 
     def record_matched_tokens(self, request_id, num_tokens):
         request_id = as_index(request_id, "request_id")
@@ -228,9 +227,11 @@ class ReportState:
 
     @property
     def num_output_allocations(self):
-        """Output arrays allocated so far: three per report (the twin reuses none; the
-        compiled twin reuses its three while nobody references them)."""
-        return 3 * self._num_reports
+        """Output arrays allocated so far: each report's int32 array when it copies slices
+        (decode rows are Python ints until read), and its columns' arrays when they are
+        first read (the twin reuses none; the compiled twin reuses its three while nobody
+        references them)."""
+        return self._num_allocations[0]
 
     def tracked_request_ids(self):
         return sorted(self._slots)
@@ -248,37 +249,52 @@ def _take(pieces, storage, begin, end):
     return False
 
 
-def _join(pieces, sliced):
-    """``pieces`` in order, each an int (one entry) or, if ``sliced``, some are int32 slices
-    of a buffer's storage: then copied now into one int32 array (a snapshot: the storage
-    may be written later); a list of ints otherwise (already a snapshot)."""
+def _join(pieces, sliced, size, allocations):
+    """``pieces`` (``size`` entries in all) in order, each an int (one entry) or, if
+    ``sliced``, some are int32 slices of a buffer's storage: then copied now into one new
+    int32 array (a snapshot: the storage may be written later; counted in
+    ``allocations[0]``); a list of ints otherwise (already a snapshot)."""
     if not sliced:  # decode: every piece one entry
         return pieces
-    pieces = [np.array([piece], dtype=np.int32) if type(piece) is int else piece for piece in pieces]
-    return pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
+    joined = np.empty(size, dtype=np.int32)
+    allocations[0] += 1
+    at = 0
+    for piece in pieces:
+        if type(piece) is int:
+            joined[at] = piece
+            at += 1
+        else:
+            joined[at : at + len(piece)] = piece
+            at += len(piece)
+    return joined
 
 
 class ReportColumns(tuple):
     """One report's columns in three parts, one per dtype, as the tuple ``(wide, narrow,
-    flags, batch, num_segments, num_tokens, num_blocks)``: the int64 columns one after
+    flags, batch, num_segments, num_tokens, num_blocks, allocations)``: the int64 columns one after
     another in ``wide`` (request ids, positions, scheduled and replaced tokens: one per row;
     token and group offsets: one per row and one; block offsets: one per segment and one;
     replaced and released blocks: one per segment), the tokens then the block ids in
     ``narrow`` (an int32 array, or a list of ints), ``is_new`` in ``flags``. ``wide`` and
     ``flags`` are lists of Python values (immutable snapshots); ``arrays()`` makes the arrays and slices them
     into SchedulerOutput's columns. The compiled twin keeps the same layout in arrays it
-    reuses. (A tuple: the cheapest object to build once per call.)"""
+    reuses. ``allocations``: the manager's count of the arrays made for its reports, a
+    one-item list that ``arrays()`` adds to. (A tuple: the cheapest object to build once
+    per call.)"""
 
     __slots__ = ()
 
     def arrays(self):
         """The twelve columns in ``SchedulerOutput``'s order (new arrays on every call)."""
-        wide, narrow, flags, b, s, t, num_blocks = self
+        wide, narrow, flags, b, s, t, num_blocks, allocations = self
         wide = np.array(wide, dtype=np.int64)
+        flags = np.array(flags, dtype=np.bool_)
+        allocations[0] += 2
         if type(narrow) is list:
             narrow = np.array(narrow, dtype=np.int32)
+            allocations[0] += 1
         return (
-            wide[0:b], np.array(flags, dtype=np.bool_), wide[b : 2 * b], wide[2 * b : 3 * b], wide[3 * b : 4 * b],
+            wide[0:b], flags, wide[b : 2 * b], wide[2 * b : 3 * b], wide[3 * b : 4 * b],
             wide[4 * b : 5 * b + 1], narrow[0:t], wide[5 * b + 1 : 6 * b + 2], wide[6 * b + 2 : 6 * b + 3 + s],
             narrow[t : t + num_blocks], wide[6 * b + 3 + s : 6 * b + 3 + 2 * s],
             wide[6 * b + 3 + 2 * s : 6 * b + 3 + 3 * s],
