@@ -116,6 +116,8 @@ class ReportState:
         num_tokens = num_segments = num_blocks = 0
         sliced = False  # a piece is a slice of a storage (not one entry)
         for kind in (0, 1, 2):
+            if not groups[kind]:  # most calls leave one or two groups empty
+                continue
             for index, request in enumerate(groups[kind]):
                 if not isinstance(request, Request):
                     checks.not_a_request(checks.GROUPS[kind], index, request, Request)
