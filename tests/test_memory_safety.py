@@ -387,17 +387,24 @@ def test_2_a_second_thread_is_refused_while_the_first_consumes_its_generator(bac
     assert results["a"] == [1, 2]
 
 
-def test_a_failed_report_never_writes_into_a_buffer_freed_by_its_error(backend):
+@pytest.mark.parametrize("group", ["context_requests", "generation_requests"])
+def test_a_failed_report_never_writes_into_a_buffer_freed_by_its_error(backend, group):
     """The report plans its first request, then meets a non-Request whose type's module
     name runs Python code (the error message reads it) that re-initialises the first request,
     freeing the buffers the plan pointed into. The failed call must not write into them
-    (it consumes no mark before the whole batch is valid; under the sanitizer build a
-    write would be a heap-use-after-free report), and the re-initialised request's next
-    report is whole."""
+    (it consumes no mark before the whole batch is valid, and the compiled fast plan of a
+    generation row gives back the marks it consumed before that code runs; under the
+    sanitizer build a write would be a heap-use-after-free report), and the re-initialised
+    request's next report is whole."""
     manager = SchedulerOutputManager()
     first = backend.Request(1, list(range(100)))
     first.block_tables[0].extend(range(8))
-    manager.build_scheduler_output([first], [])
+
+    def report(*requests):
+        groups = {"context_requests": [], "generation_requests": [], group: list(requests)}
+        return manager.build_scheduler_output(**groups)
+
+    report(first)
     first.add_new_token(5)  # a change for the next report to carry
 
     class Module:
@@ -418,7 +425,8 @@ def test_a_failed_report_never_writes_into_a_buffer_freed_by_its_error(backend):
 
     Hostile.__module__ = Module()
 
-    with pytest.raises(TypeError, match=r"context_requests\[1\] must be a Request, not .*Hostile"):
-        manager.build_scheduler_output([first, Hostile()], [])
-    output = manager.build_scheduler_output([first], [])
+    with pytest.raises(TypeError, match=rf"{group}\[1\] must be a Request, not .*Hostile"):
+        report(first, Hostile())
+    output = report(first)
     assert output.tokens.tolist() == [7, 8, 9] and output.block_ids.tolist() == [40]
+    assert output.num_replaced_tokens.tolist() == [0 if output.is_new[0] else 100]

@@ -16,10 +16,21 @@
 #   deltas into the output arena (tokcy/_core_report_output.pxi: arrays reused while
 #   nobody else references them) and commits the slots. A failing call changes neither
 #   the manager nor any request.
+# * The common row (a generation or device-token row of an exact Request, reported before
+#   and not paused since, its slot hint valid, its group count unchanged) takes a fast
+#   plan (plan_fast_rows, in _core_report_fast.pxi): borrowed pointers, no check that can raise, its slot
+#   committed at once (undone from the job if the call fails, the slot being the
+#   manager's own memory) and pass 2 writing only its columns. Every other row takes the
+#   general plan (_plan_row), which raises the errors; the fast plan stops at anything it
+#   does not handle, having changed nothing for that row.
 # * Change marks: the connector is one of two readers of each buffer's changes (the
 #   device block table is the other, with its own mark: docs/change-tracking.md). Pass 1
 #   consumes the connector's mark (dirty_from) of each buffer as it reads it, with the
-#   GIL, and puts it back if the call fails; pass 2 never writes it. So a change another
+#   GIL, and puts it back if the call fails; pass 2 never writes it. The fast plan
+#   consumes its rows' marks as it goes while no general row has been met (no Python code
+#   can have run); at the first general row it gives them back, in C, before that row's
+#   checks can run Python code, and every mark is then consumed once the whole batch is
+#   valid, as for any batch with a general row. So a change another
 #   thread makes while pass 2 runs without the GIL lowers the mark again and shows in the
 #   next report: it is never lost.
 # * Memory safety: pass 2 runs without the GIL when it copies at least NOGIL_MIN_ENTRIES
@@ -36,7 +47,8 @@
 #   the writer. A request mutated by another thread during a report is the caller's race
 #   (the report shows it as at plan time), never a use-after-free.
 # * Errors: tokcy/_report_checks.py, shared with the pure twin.
-# * The per-request slot, the copy jobs and their helpers: _core_report_jobs.pxi.
+# * The per-request slot, the copy jobs and their helpers: _core_report_jobs.pxi; the
+#   fast plan and pass 2's writer: _core_report_fast.pxi.
 
 from cpython.list cimport PyList_GET_ITEM
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
@@ -67,9 +79,12 @@ cdef class ReportState:
     cdef Py_ssize_t held_capacity
     cdef bint busy                      # a build() is running (maybe in pass 2, without the GIL)
     cdef OutputArena arena              # the arrays the reports are written into, reused
+    cdef bint fast_plan                 # False: every row takes the general plan (tests compare the two)
+    cdef Py_ssize_t num_fast_rows       # rows the fast plan has planned so far (a counter for tests)
 
     def __cinit__(self):
         self.free_head = NO_ENTRY
+        self.fast_plan = True
         self.arena = OutputArena()
         self._grow_index(64)
 
@@ -140,8 +155,9 @@ cdef class ReportState:
             number = self.num_slots_used
             self.num_slots_used += 1
             self.slots[number].num_blocks = NULL
-            self.slots[number].group_capacity = 0
-        slot = &self.slots[number]
+        slot = &self.slots[number]  # its num_blocks is NULL: never allocated, or freed by _remove
+        slot.group_capacity = INLINE_GROUPS
+        slot.inline_blocks[0] = slot.inline_blocks[1] = 0  # never read before written; zero all the same
         slot.request_id = request_id
         slot.stamp = 0
         slot.num_tokens = 0
@@ -223,6 +239,8 @@ cdef class ReportState:
             counts = <Py_ssize_t*>realloc(slot.num_blocks, num_groups * sizeof(Py_ssize_t))
             if counts == NULL:
                 raise MemoryError()
+            if slot.num_blocks == NULL:  # the counts move out of the slot
+                memcpy(counts, slot.inline_blocks, INLINE_GROUPS * sizeof(Py_ssize_t))
             for group in range(slot.group_capacity, num_groups):
                 counts[group] = 0  # never read before written; zero all the same
             slot.num_blocks = counts
@@ -230,6 +248,20 @@ cdef class ReportState:
         return 0
 
     # ------------------------------------------------------------------ owned references
+    cdef bint _reserve_held(self, Py_ssize_t count) noexcept:
+        """Room for ``count`` more references in ``held``; False (and no exception set) if
+        memory is short, so the caller can undo C-only work before anything raises."""
+        cdef PyObject** held
+        cdef Py_ssize_t capacity
+        if self.num_held + count > self.held_capacity:
+            capacity = grown_capacity(self.held_capacity, self.num_held + count)
+            held = <PyObject**>realloc(self.held, capacity * sizeof(PyObject*))
+            if held == NULL:
+                return False
+            self.held = held
+            self.held_capacity = capacity
+        return True
+
     cdef inline int _hold(self, object obj) except -1:
         """Keep ``obj`` alive until ``_release_held`` (a strong reference, in C)."""
         cdef PyObject** held
@@ -314,15 +346,18 @@ cdef class ReportState:
             self._reserve_segments(total_segments[0] + num_groups)
         job.slot = number
         job.request_id = request._request_id
+        job.committed = False
         job.is_new = not slot.reported or slot.num_pauses != request._num_pauses
         job.num_pauses = request._num_pauses
         size = request._beam0.size
         begin = 0
+        job.replaced = 0
         if not job.is_new:
             dirty_from = request._beam0.dirty_from
             begin = slot.num_tokens if slot.num_tokens < dirty_from else dirty_from
             if begin > size:
                 begin = size
+            job.replaced = slot.num_tokens - begin
         check_span(job.request_id, begin, size, size, request._beam0.capacity)
         job.buffer = <PyObject*>request._beam0
         job.data = request._beam0.data
@@ -348,7 +383,7 @@ cdef class ReportState:
             reported = 0
             begin = 0
             if not job.is_new:
-                reported = slot.num_blocks[group]
+                reported = blocks_of(slot)[group]
                 dirty_from = (<BlockTable>table)._buffer.dirty_from
                 begin = reported if reported < dirty_from else dirty_from
                 if begin > size:
@@ -382,6 +417,10 @@ cdef class ReportState:
         cdef int64_t stamp
         cdef bint release_gil = False, claimed
         cdef Py_ssize_t consumed = 0         # rows whose marks this call consumed
+        # the fast plan consumes its rows' marks as it goes, until the first general row
+        cdef bint in_place = True
+        cdef Py_ssize_t count
+        cdef Py_ssize_t totals[4]
         if self.busy:
             _report_checks.busy()
         self.busy = True
@@ -409,7 +448,22 @@ cdef class ReportState:
                 # an error unless their buffers are owned.
                 for kind in range(3):
                     items = <list>groups[kind]
-                    for index in range(len(items)):
+                    count = len(items)
+                    index = 0
+                    while True:
+                        if kind != 0 and self.fast_plan:  # runs of common rows, then one general row, and so on
+                            totals[0], totals[1], totals[2], totals[3] = row, total_tokens, total_segments, total_blocks
+                            index = plan_fast_rows(self, items, index, kind, stamp, totals, in_place)
+                            row, total_tokens, total_segments, total_blocks = totals[0], totals[1], totals[2], totals[3]
+                        if index >= count:
+                            break
+                        if in_place:
+                            # the general checks below may run Python code (to raise), which
+                            # may free a request planned so far: give the fast rows' marks
+                            # back now, and consume every row's once the batch is valid
+                            for number in range(row):
+                                give_back_marks(&self.rows[number], &self.segments[self.rows[number].first_segment])
+                            in_place = False
                         # borrowed: the list holds the request, the request its buffers and
                         # tables (no reference count is touched per request)
                         item = PyList_GET_ITEM(items, index)
@@ -422,6 +476,9 @@ cdef class ReportState:
                         for group in range(job.first_segment, total_segments):
                             total_blocks += self.segments[group].end - self.segments[group].begin
                         row += 1
+                        index += 1
+                if in_place:
+                    consumed = batch
                 # The output goes into the arena's arrays when nothing else references
                 # them (found before the plan; no Python code runs to claim them). A new array is allocated
                 # otherwise, and an allocation can run the garbage collector, hence Python
@@ -434,18 +491,27 @@ cdef class ReportState:
                 release_gil = total_tokens + total_blocks >= NOGIL_MIN_ENTRIES
                 claimed = arena.claim(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
                 if not claimed or release_gil:
-                    self._hold_jobs(batch, total_segments)
-                # the batch is valid and no Python code has run since its marks were read:
-                # consume them (restore_marks() puts them back if the allocation fails; the
-                # buffers are owned by then)
-                for index in range(batch):
-                    consume_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
-                consumed = batch
+                    if not self._reserve_held(2 * (batch + total_segments)):
+                        for index in range(consumed):  # nothing has run since they were consumed
+                            give_back_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
+                        consumed = 0
+                        raise MemoryError()
+                    self._hold_jobs(batch, total_segments)  # cannot fail: the room is reserved
+                if not in_place:
+                    # the batch is valid and no Python code has run since its marks were
+                    # read: consume them (restore_marks() puts them back if the allocation
+                    # fails; the buffers are owned by then)
+                    for index in range(batch):
+                        consume_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
+                    consumed = batch
                 if not claimed:
                     arena.allocate(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
             except BaseException:
                 for index in range(consumed):
                     restore_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
+                for index in range(row):
+                    if self.rows[index].committed:
+                        uncommit(self, &self.rows[index])
                 while num_fresh:
                     num_fresh -= 1
                     self._remove(self.slots[self.fresh[num_fresh]].request_id)
@@ -455,90 +521,17 @@ cdef class ReportState:
             # arrays are referenced by the arena alone
             if release_gil:
                 with nogil:
-                    self._write(batch, total_segments, total_tokens, total_blocks,
+                    write_report(self, batch, total_segments, total_tokens, total_blocks,
                                 <int64_t*>arena.wide.data, <int32_t*>arena.narrow.data,
                                 <unsigned char*>arena.flags.data)
             else:
-                self._write(batch, total_segments, total_tokens, total_blocks,
+                write_report(self, batch, total_segments, total_tokens, total_blocks,
                             <int64_t*>arena.wide.data, <int32_t*>arena.narrow.data,
                             <unsigned char*>arena.flags.data)
         finally:
             self._release_held()
             self.busy = False
         return num_context, arena.columns(batch, total_segments, total_tokens, total_blocks)
-
-    cdef void _write(
-        self,
-        Py_ssize_t batch,
-        Py_ssize_t num_segments,
-        Py_ssize_t total_tokens,
-        Py_ssize_t total_blocks,
-        int64_t* wide,               # int64_entries(batch, num_segments) entries (ReportColumns' layout)
-        int32_t* narrow,             # the tokens, then the block ids
-        unsigned char* is_new,       # batch entries
-    ) noexcept nogil:
-        """Pass 2: copy the planned deltas and commit; nothing here can fail.
-
-        Only planned values are used (sizes, begins); the buffers' change marks were
-        consumed in pass 1. A request mutated by another thread during the report is the
-        caller's race: the report shows it as it was at plan time (and tokens written into
-        the old storage meanwhile may or may not show), but no memory is ever freed under
-        this loop.
-        """
-        cdef Py_ssize_t row, group, count, segment, token_offset = 0, block_offset = 0
-        cdef int64_t* request_ids = wide
-        cdef int64_t* positions = wide + batch
-        cdef int64_t* scheduled = wide + 2 * batch
-        cdef int64_t* replaced_tokens = wide + 3 * batch
-        cdef int64_t* token_offsets = wide + 4 * batch
-        cdef int64_t* group_offsets = wide + 5 * batch + 1
-        cdef int64_t* block_offsets = wide + 6 * batch + 2
-        cdef int64_t* replaced_blocks = wide + 6 * batch + 3 + num_segments
-        cdef int64_t* released_blocks = wide + 6 * batch + 3 + 2 * num_segments
-        cdef int32_t* tokens = narrow
-        cdef int32_t* block_ids = narrow + total_tokens
-        cdef RowJob* job
-        cdef SegmentJob* part
-        cdef ReportSlot* slot
-        token_offsets[0] = 0
-        group_offsets[0] = 0
-        block_offsets[0] = 0
-        for row in range(batch):
-            job = &self.rows[row]
-            slot = &self.slots[job.slot]
-            request_ids[row] = job.request_id
-            is_new[row] = job.is_new
-            positions[row] = job.position
-            scheduled[row] = job.scheduled
-            replaced_tokens[row] = 0 if job.is_new else slot.num_tokens - job.begin
-            count = job.end - job.begin
-            debug_assert(0 <= count and token_offset + count <= total_tokens)
-            if count == 1:
-                tokens[token_offset] = job.data[job.begin]
-            elif count:
-                memcpy(tokens + token_offset, job.data + job.begin, count * sizeof(int32_t))
-            token_offset += count
-            token_offsets[row + 1] = token_offset
-            slot.num_tokens = job.end
-            slot.num_pauses = job.num_pauses
-            slot.matched = 0  # used by a context row, discarded by any other
-            slot.reported = True
-            slot.num_groups = job.num_groups
-            for group in range(job.num_groups):
-                segment = job.first_segment + group
-                part = &self.segments[segment]
-                count = part.end - part.begin
-                debug_assert(0 <= count and block_offset + count <= total_blocks)
-                if count == 1:
-                    block_ids[block_offset] = part.data[part.begin]
-                elif count:
-                    memcpy(block_ids + block_offset, part.data + part.begin, count * sizeof(int32_t))
-                block_offset += count
-                block_offsets[segment + 1] = block_offset
-                replaced_blocks[segment] = part.replaced
-                released_blocks[segment] = part.released
-                slot.num_blocks[group] = part.end
-            group_offsets[row + 1] = job.first_segment + job.num_groups
 
     def record_matched_tokens(self, request_id, num_tokens):
         cdef int64_t key = _tokens.as_index(request_id, "request_id")
@@ -576,6 +569,21 @@ cdef class ReportState:
     def num_output_allocations(self):
         """Output arrays allocated so far (reports reuse them when nobody holds them)."""
         return self.arena.num_allocations
+
+    @property
+    def _fast_plan(self):
+        """Whether the common rows take the fast plan (the default); for tests, which
+        compare it with the general plan that every other row takes."""
+        return self.fast_plan
+
+    @_fast_plan.setter
+    def _fast_plan(self, value):
+        self.fast_plan = bool(value)
+
+    @property
+    def _num_fast_rows(self):
+        """Rows the fast plan has planned so far (for tests)."""
+        return self.num_fast_rows
 
     def tracked_request_ids(self):
         cdef Py_ssize_t number

@@ -11,6 +11,11 @@ cdef extern from "Python.h":
     Py_ssize_t tuple_size "PyTuple_GET_SIZE"(PyObject* tuple)
 
 
+cdef enum:
+    # layer groups whose reported block counts a slot keeps in itself (ReportSlot.inline_blocks)
+    INLINE_GROUPS = 2
+
+
 cdef struct ReportSlot:
     int64_t request_id
     int64_t stamp              # the build() call that last scheduled it (duplicate check)
@@ -18,8 +23,11 @@ cdef struct ReportSlot:
     Py_ssize_t num_pauses      # the request's pause count at its last report
     Py_ssize_t matched         # connector-supplied tokens to subtract on the next report
     Py_ssize_t num_groups      # layer groups at the first report; NEVER_REPORTED before any
-    Py_ssize_t group_capacity  # entries allocated in num_blocks
-    Py_ssize_t* num_blocks     # blocks reported so far, per group
+    Py_ssize_t group_capacity  # groups blocks_of() has room for
+    # blocks reported so far, per group (blocks_of()): in the slot itself for up to
+    # INLINE_GROUPS groups (num_blocks NULL), else in a malloc'd array
+    Py_ssize_t inline_blocks[INLINE_GROUPS]
+    Py_ssize_t* num_blocks
     Py_ssize_t next_free       # free-list link while the slot is unused
     bint live
     bint reported              # False: the next report is a new request (never reported, or reset)
@@ -39,7 +47,10 @@ cdef struct RowJob:
     Py_ssize_t num_pauses
     Py_ssize_t first_segment
     Py_ssize_t num_groups
+    Py_ssize_t replaced        # already-reported tokens the delta replaces (0 for a new request)
+    Py_ssize_t saved_matched   # a committed row's slot.matched before, put back if the call fails
     bint is_new
+    bint committed             # its slot already holds the report (the fast plan's rows; undone if the call fails)
 
 
 cdef struct SegmentJob:
@@ -61,6 +72,16 @@ cdef Py_ssize_t NEVER_REPORTED = -1
 cdef Py_ssize_t NOGIL_MIN_ENTRIES = 1 << 16
 
 
+cdef inline Py_ssize_t* blocks_of(ReportSlot* slot) noexcept nogil:
+    """The slot's reported block count per group (group_capacity entries)."""
+    return slot.num_blocks if slot.num_blocks != NULL else slot.inline_blocks
+
+
+cdef inline void consume_mark(SegmentJob* part) noexcept:
+    part.saved_dirty = part.dirty[0]
+    part.dirty[0] = part.end
+
+
 cdef inline void consume_marks(RowJob* job, SegmentJob* parts) noexcept:
     """Pass 1, with the GIL: take the connector's change marks of a planned row (its
     tokens and each group's blocks), as read; restore_marks() puts them back."""
@@ -68,8 +89,7 @@ cdef inline void consume_marks(RowJob* job, SegmentJob* parts) noexcept:
     job.saved_dirty = job.dirty[0]
     job.dirty[0] = job.end
     for group in range(job.num_groups):
-        parts[group].saved_dirty = parts[group].dirty[0]
-        parts[group].dirty[0] = parts[group].end
+        consume_mark(&parts[group])
 
 
 cdef inline void restore_marks(RowJob* job, SegmentJob* parts) noexcept:
@@ -80,6 +100,59 @@ cdef inline void restore_marks(RowJob* job, SegmentJob* parts) noexcept:
     for group in range(job.num_groups):
         if parts[group].saved_dirty < parts[group].dirty[0]:
             parts[group].dirty[0] = parts[group].saved_dirty
+
+
+cdef inline void give_back_marks(RowJob* job, SegmentJob* parts) noexcept:
+    """Undo consume_marks() exactly, when nothing has run since (the marks the fast plan
+    consumed, given back before a general row's checks can run Python code)."""
+    cdef Py_ssize_t group
+    job.dirty[0] = job.saved_dirty
+    for group in range(job.num_groups):
+        parts[group].dirty[0] = parts[group].saved_dirty
+
+
+cdef inline Py_ssize_t plan_fast_segment(PyObject* table, Py_ssize_t reported, SegmentJob* part) noexcept:
+    """The fast plan of one layer group (``table``, borrowed; ``reported``: its blocks
+    reported so far): the new blocks, or -1 if ``table`` is not an exact BlockTable or
+    its copy would leave its buffer (the general plan then raises the error)."""
+    cdef PyObject* block_ids
+    cdef Py_ssize_t size, begin
+    if <void*>table.ob_type != <void*>BlockTable:
+        return -1
+    block_ids = <PyObject*>(<BlockTable>table)._buffer
+    size = (<Int32Buffer>block_ids).size
+    begin = (<Int32Buffer>block_ids).dirty_from
+    if reported < begin:
+        begin = reported
+    if begin > size:
+        begin = size
+    if begin < 0 or size > (<Int32Buffer>block_ids).capacity:
+        return -1
+    part.buffer = block_ids
+    part.data = (<Int32Buffer>block_ids).data
+    part.dirty = &(<Int32Buffer>block_ids).dirty_from
+    part.begin = begin
+    part.end = size
+    part.replaced = reported - begin
+    part.released = (<BlockTable>table)._num_released
+    return size - begin
+
+
+cdef inline Py_ssize_t write_segment(const SegmentJob* part, Py_ssize_t segment, Py_ssize_t block_offset,
+                                     int32_t* block_ids, int64_t* block_offsets, int64_t* replaced_blocks,
+                                     int64_t* released_blocks) noexcept nogil:
+    """Pass 2: one group's new block ids and counts; returns the next block offset."""
+    cdef Py_ssize_t count = part.end - part.begin
+    debug_assert(0 <= count)
+    if count == 1:
+        block_ids[block_offset] = part.data[part.begin]
+    elif count:
+        memcpy(block_ids + block_offset, part.data + part.begin, count * sizeof(int32_t))
+    block_offset += count
+    block_offsets[segment + 1] = block_offset
+    replaced_blocks[segment] = part.replaced
+    released_blocks[segment] = part.released
+    return block_offset
 
 
 cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:

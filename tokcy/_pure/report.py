@@ -36,6 +36,8 @@ same errors). The rules (docs/connector.md):
   ``request_finished`` on the same state raise RuntimeError.
 """
 
+from itertools import chain
+
 import numpy as np
 
 from tokcy import _report_checks as checks
@@ -71,12 +73,12 @@ class _Slot:
 class ReportState:
     """Per-request report state of one ``SchedulerOutputManager`` and its batch loop."""
 
-    __slots__ = ("_busy", "_num_reports", "_slots")
+    __slots__ = ("_busy", "_num_allocations", "_slots")
 
     def __init__(self):
         self._slots = {}  # request id -> _Slot
         self._busy = False  # a build() is running (the compiled twin releases the GIL in it)
-        self._num_reports = 0
+        self._num_allocations = [0]  # numpy arrays made for reports so far, shared with their ReportColumns
 
     def build(self, context_requests, generation_requests, device_token_requests=()):
         """Report one iteration; returns (number of context rows, the report's columns: a
@@ -87,34 +89,43 @@ class ReportState:
         try:
             groups = (list(context_requests), list(generation_requests), list(device_token_requests))
             fresh = {}  # slots for never-seen ids: added to the manager only once all is valid
-            rows = []
             consumed = []  # (buffer, its dirty_from before): put back if the call fails
             try:
-                self._plan(groups, fresh, set(), rows, consumed)
+                report = self._plan(groups, fresh, consumed)
             except BaseException:
                 for buffer, dirty_from in consumed:
                     buffer.dirty_from = min(buffer.dirty_from, dirty_from)
                 raise
-            columns = self._commit(fresh, rows)
-            self._num_reports += 1
-            return len(groups[0]), columns
+            return len(groups[0]), self._commit(fresh, report)
         finally:
             self._busy = False
 
-    def _plan(self, groups, fresh, seen, rows, consumed):
+    def _plan(self, groups, fresh, consumed):
         # pass 1: validate the whole batch and plan the copies; nothing is changed but the
-        # connector's marks, consumed as read (put back by _build if this fails). Each
+        # connector's marks, consumed as read (put back by build() if this fails). Each
         # buffer's storage array and size are taken here, once: a request mutated by another
         # thread during the report is reported as it was at plan time (the caller's race).
-        for kind, items in enumerate(groups):
-            for index, request in enumerate(items):
+        # The per-row columns are gathered as lists here too (they are only returned if
+        # the whole batch is valid), and each row's commit for pass 2.
+        slots = self._slots
+        seen = set()
+        request_ids, is_new_flags, positions, scheduled_tokens, replaced_tokens = [], [], [], [], []
+        token_offsets, group_offsets, block_offsets = [0], [0], [0]
+        replaced_blocks, released_blocks, token_pieces, block_pieces = [], [], [], []
+        commits = []  # (slot, tokens, pause count, blocks per group) per row
+        num_tokens = num_segments = num_blocks = 0
+        sliced = False  # a piece is a slice of a storage (not one entry)
+        for kind in (0, 1, 2):
+            if not groups[kind]:  # most calls leave one or two groups empty
+                continue
+            for index, request in enumerate(groups[kind]):
                 if not isinstance(request, Request):
                     checks.not_a_request(checks.GROUPS[kind], index, request, Request)
                 beam = request._beams[0]
                 request_id = request._request_id
                 if request._state == _FINISHED:
                     checks.finished(request_id)
-                slot = self._slots.get(request_id)
+                slot = slots.get(request_id)
                 if slot is None:
                     slot = fresh.get(request_id)
                     if slot is None:
@@ -142,6 +153,7 @@ class ReportState:
                 if not 0 <= begin <= size:  # the loop-boundary check (numpy would wrap a negative begin)
                     checks.outside_buffer(request_id, begin, size, size)
                 segments = []
+                block_ends = []  # the row's commit: blocks per group
                 for group, table in enumerate(tables):
                     buffer = table._buffer
                     end = buffer.size
@@ -149,52 +161,52 @@ class ReportState:
                     block_begin = 0 if is_new else _lowest(reported, buffer.dirty_from, end)
                     if not 0 <= block_begin <= end:
                         checks.outside_buffer(request_id, block_begin, end, end)
-                    released = table._num_released
-                    segments.append((buffer, buffer.storage, block_begin, end, reported - block_begin, released))
-                replaced = 0 if is_new else slot.num_tokens - begin
-                rows.append((request_id, is_new, position, scheduled, replaced, request._num_pauses, slot,
-                             beam.storage, begin, size, segments))
+                    segments.append((buffer, block_begin, end, reported - block_begin, table._num_released))
+                    block_ends.append(end)
+                # the row is valid: its columns, its copies (taken now: a snapshot), its commit
+                request_ids.append(request_id)
+                is_new_flags.append(is_new)
+                positions.append(position)
+                scheduled_tokens.append(scheduled)
+                replaced_tokens.append(0 if is_new else slot.num_tokens - begin)
+                sliced |= _take(token_pieces, beam.storage, begin, size)
+                num_tokens += size - begin
+                token_offsets.append(num_tokens)
+                num_segments += len(segments)
+                group_offsets.append(num_segments)
+                for buffer, block_begin, end, block_replaced, released in segments:
+                    sliced |= _take(block_pieces, buffer.storage, block_begin, end)
+                    num_blocks += end - block_begin
+                    block_offsets.append(num_blocks)
+                    replaced_blocks.append(block_replaced)
+                    released_blocks.append(released)
+                commits.append((slot, size, request._num_pauses, block_ends))
                 # consume the marks as read (the row is planned: nothing below can fail)
                 consumed.append((beam, beam.dirty_from))
                 beam.dirty_from = size
-                for buffer, _, _, end, _, _ in segments:
+                for buffer, _, end, _, _ in segments:
                     consumed.append((buffer, buffer.dirty_from))
                     buffer.dirty_from = end
+        # the int64 columns in ReportColumns' order, joined when first read
+        wide = (request_ids, positions, scheduled_tokens, replaced_tokens, token_offsets, group_offsets,
+                block_offsets, replaced_blocks, released_blocks)
+        return commits, wide, token_pieces + block_pieces, sliced, is_new_flags, num_segments, num_tokens, num_blocks
 
-    def _commit(self, fresh, rows):
-        # pass 2: copy the planned deltas, then commit. The columns are gathered as lists
-        # and become three arrays, one per dtype, in the compiled twin's layout (ReportColumns)
-        self._slots.update(fresh)
-        columns = tuple(zip(*rows)) if rows else ((),) * 5  # the per-row values, column by column
-        request_ids, is_new, positions, scheduled, replaced_tokens = columns[:5]
-        token_offsets, group_offsets, block_offsets = [0], [0], [0]
-        replaced_blocks, released_blocks, token_pieces, block_pieces = [], [], [], []
-        num_tokens = num_segments = num_blocks = 0
-        sliced = False
-        for _, _, _, _, _, num_pauses, slot, storage, begin, end, segments in rows:
-            sliced |= _take(token_pieces, storage, begin, end)
-            num_tokens += end - begin
-            token_offsets.append(num_tokens)
-            num_segments += len(segments)
-            group_offsets.append(num_segments)
-            slot.num_tokens = end
+    def _commit(self, fresh, report):
+        # pass 2: commit the slots; the columns become three arrays, one per dtype, in the
+        # compiled twin's layout (ReportColumns), the int64 and bool ones when first read
+        commits, wide, pieces, sliced, is_new_flags, num_segments, num_tokens, num_blocks = report
+        if fresh:
+            self._slots.update(fresh)
+        for slot, size, num_pauses, block_ends in commits:
+            slot.num_tokens = size
             slot.num_pauses = num_pauses
             slot.matched = 0  # used by a context row, discarded by any other
             slot.reported = True
-            slot.num_blocks = []
-            for _, storage, block_begin, block_end, block_replaced, released in segments:
-                sliced |= _take(block_pieces, storage, block_begin, block_end)
-                num_blocks += block_end - block_begin
-                block_offsets.append(num_blocks)
-                replaced_blocks.append(block_replaced)
-                released_blocks.append(released)
-                slot.num_blocks.append(block_end)
-        wide = [*request_ids, *positions, *scheduled, *replaced_tokens, *token_offsets, *group_offsets, *block_offsets,
-                *replaced_blocks, *released_blocks]
-        # the copies are taken now (a snapshot of the buffers); the int64 and bool columns
-        # are plain Python values already, and become arrays when first read
-        narrow = _join(token_pieces + block_pieces, sliced)
-        return _new_tuple(ReportColumns, (wide, narrow, is_new, len(rows), num_segments, num_tokens, num_blocks))
+            slot.num_blocks = block_ends
+        narrow = _join(pieces, num_tokens + num_blocks, self._num_allocations) if sliced else pieces
+        return _new_tuple(ReportColumns, (wide, narrow, is_new_flags, len(commits), num_segments, num_tokens,
+                                          num_blocks, self._num_allocations))
 
     def record_matched_tokens(self, request_id, num_tokens):
         request_id = as_index(request_id, "request_id")
@@ -228,9 +240,11 @@ class ReportState:
 
     @property
     def num_output_allocations(self):
-        """Output arrays allocated so far: three per report (the twin reuses none; the
-        compiled twin reuses its three while nobody references them)."""
-        return 3 * self._num_reports
+        """Output arrays allocated so far: each report's int32 array when it copies slices
+        (decode rows are Python ints until read), and its columns' arrays when they are
+        first read (the twin reuses none; the compiled twin reuses its three while nobody
+        references them)."""
+        return self._num_allocations[0]
 
     def tracked_request_ids(self):
         return sorted(self._slots)
@@ -248,37 +262,50 @@ def _take(pieces, storage, begin, end):
     return False
 
 
-def _join(pieces, sliced):
-    """``pieces`` in order, each an int (one entry) or, if ``sliced``, some are int32 slices
-    of a buffer's storage: then copied now into one int32 array (a snapshot: the storage
-    may be written later); a list of ints otherwise (already a snapshot)."""
-    if not sliced:  # decode: every piece one entry
-        return pieces
-    pieces = [np.array([piece], dtype=np.int32) if type(piece) is int else piece for piece in pieces]
-    return pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
+def _join(pieces, size, allocations):
+    """``pieces`` (``size`` entries in all) in order, each an int (one entry) or an int32
+    slice of a buffer's storage, copied now into one new int32 array (a snapshot: the
+    storage may be written later; counted in ``allocations[0]``). A report whose pieces
+    are all ints (decode) keeps them as a list instead, already a snapshot."""
+    joined = np.empty(size, dtype=np.int32)
+    allocations[0] += 1
+    at = 0
+    for piece in pieces:
+        if type(piece) is int:
+            joined[at] = piece
+            at += 1
+        else:
+            joined[at : at + len(piece)] = piece
+            at += len(piece)
+    return joined
 
 
 class ReportColumns(tuple):
     """One report's columns in three parts, one per dtype, as the tuple ``(wide, narrow,
-    flags, batch, num_segments, num_tokens, num_blocks)``: the int64 columns one after
-    another in ``wide`` (request ids, positions, scheduled and replaced tokens: one per row;
-    token and group offsets: one per row and one; block offsets: one per segment and one;
-    replaced and released blocks: one per segment), the tokens then the block ids in
-    ``narrow`` (an int32 array, or a list of ints), ``is_new`` in ``flags``. ``wide`` and
-    ``flags`` are lists of Python values (immutable snapshots); ``arrays()`` makes the arrays and slices them
-    into SchedulerOutput's columns. The compiled twin keeps the same layout in arrays it
-    reuses. (A tuple: the cheapest object to build once per call.)"""
+    flags, batch, num_segments, num_tokens, num_blocks, allocations)``. ``wide``: the nine
+    int64 columns' lists (request ids, positions, scheduled and replaced tokens: one per
+    row; token and group offsets: one per row and one; block offsets: one per segment and
+    one; replaced and released blocks: one per segment), one after another in one array
+    once read; ``narrow``: the tokens then the block ids (an int32 array, or a list of
+    ints); ``flags``: ``is_new``. All are snapshots nothing else holds; ``arrays()`` makes
+    the arrays and slices them into SchedulerOutput's columns, in the layout the compiled
+    twin keeps in arrays it reuses. ``allocations``: the manager's count of the arrays made
+    for its reports, a one-item list that ``arrays()`` adds to. (A tuple: the cheapest
+    object to build once per call.)"""
 
     __slots__ = ()
 
     def arrays(self):
         """The twelve columns in ``SchedulerOutput``'s order (new arrays on every call)."""
-        wide, narrow, flags, b, s, t, num_blocks = self
-        wide = np.array(wide, dtype=np.int64)
+        wide, narrow, flags, b, s, t, num_blocks, allocations = self
+        wide = np.fromiter(chain.from_iterable(wide), dtype=np.int64, count=6 * b + 3 * s + 3)
+        flags = np.array(flags, dtype=np.bool_)
+        allocations[0] += 2
         if type(narrow) is list:
             narrow = np.array(narrow, dtype=np.int32)
+            allocations[0] += 1
         return (
-            wide[0:b], np.array(flags, dtype=np.bool_), wide[b : 2 * b], wide[2 * b : 3 * b], wide[3 * b : 4 * b],
+            wide[0:b], flags, wide[b : 2 * b], wide[2 * b : 3 * b], wide[3 * b : 4 * b],
             wide[4 * b : 5 * b + 1], narrow[0:t], wide[5 * b + 1 : 6 * b + 2], wide[6 * b + 2 : 6 * b + 3 + s],
             narrow[t : t + num_blocks], wide[6 * b + 3 + s : 6 * b + 3 + 2 * s],
             wide[6 * b + 3 + 2 * s : 6 * b + 3 + 3 * s],
