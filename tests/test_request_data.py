@@ -458,15 +458,19 @@ def test_a_collection_while_the_rows_are_made_sees_no_half_filled_list(backend):
         num_replaced_blocks=np.zeros(0), num_released_blocks=np.zeros(0))
     seen = []
 
+    snapshots = []  # kept: a list freed here would refill the free list, and lists taken from it skip the collector
+
     def read_lists(phase, info):
         if phase == "start":
-            seen.extend(type(item[0]).__name__ for item in gc.get_objects(generation=0)  # where new lists are
+            snapshots.append(gc.get_objects(generation=0))  # where new lists are
+            seen.extend(type(item[0]).__name__ for item in snapshots[-1]
                         if type(item) is list and len(item) in (count, count // 2, count // 2 + 1))
 
-    threshold = gc.get_threshold()
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
     spare = [[] for _ in range(200)]  # the list free list emptied: each list made is a fresh allocation
     gc.callbacks.append(read_lists)
     gc.set_threshold(1)
+    gc.enable()
     kept = []  # each call's lists kept, so that the collector's count grows and it runs inside every call
     try:
         for _ in range(5):
@@ -474,6 +478,8 @@ def test_a_collection_while_the_rows_are_made_sees_no_half_filled_list(backend):
     finally:
         gc.set_threshold(*threshold)
         gc.callbacks.remove(read_lists)
+        if not enabled:
+            gc.disable()
     rows, new_rows, cached_rows = kept[-1]
     assert len(spare) == 200 and (len(rows), len(new_rows), len(cached_rows)) == (count, 389, 388)
     assert "RequestData" in seen  # the callback did read the rows' lists

@@ -26,6 +26,7 @@ include "_core_buffer.pxi"
 include "_core_block_table.pxi"
 include "_core_request.pxi"
 
+include "_core_metadata_plan.pxi"
 include "_core_metadata.pxi"
 include "_core_rows.pxi"
 include "_core_seen.pxi"
