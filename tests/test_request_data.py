@@ -428,8 +428,8 @@ def test_a_row_is_made_by_its_report_only_and_is_read_only(backend):
 def test_a_report_is_read_only(backend):
     output = _manager_report(backend)
     rows = output.requests
-    for name in ("tokens", "is_new", "num_context_requests", "_source", "_rows"):
-        with pytest.raises(AttributeError, match=f"^a SchedulerOutput is read-only: '{name}' cannot be set"):
+    for name in ("tokens", "is_new", "token_offsets", "num_context_requests"):
+        with pytest.raises(AttributeError, match="has no setter"):  # Python's own message
             setattr(output, name, np.zeros(3, dtype=np.int32))
     assert output.requests == rows and rows[2].new_tokens == [20, 21, 22]
 

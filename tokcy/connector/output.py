@@ -1,6 +1,7 @@
 """``SchedulerOutput`` (columnar arrays, one row per scheduled request) and ``RequestData`` (its rows, built lazily)."""
 
 import abc
+from operator import attrgetter
 
 from tokcy import _backend, _request_data
 from tokcy._request_data import COLUMNS
@@ -24,13 +25,14 @@ class SchedulerOutput:
     report into arrays it keeps, reusing them for a later report only once nothing
     references them any more; it makes the column arrays on their first read.) The
     attributes are read-only: a column cannot be replaced (its values can be written, and
-    a report's rows then read the new values, checked).
+    a manager's report's rows then read the new values, checked).
 
     ``new_requests`` and ``cached_requests`` are lists of ``RequestData`` built on first
     access; ``num_context_requests`` rows come first.
     """
 
-    __slots__ = ("num_context_requests", *COLUMNS, "_source", "_rows", "__weakref__")
+    # each public attribute is a read-only property over a private slot (made below the class)
+    __slots__ = ("_num_context_requests", *(f"_{name}" for name in COLUMNS), "_source", "_rows", "__weakref__")
 
     def __init__(
         self,
@@ -48,22 +50,16 @@ class SchedulerOutput:
         num_replaced_blocks,
         num_released_blocks,
     ):
-        _set_context_count(self, num_context_requests)
-        _set_rows(self, None)
-        _set_source(self, (
+        self._num_context_requests = num_context_requests
+        self._rows = None
+        self._source = (
             request_ids, is_new, computed_positions, num_scheduled_tokens, num_replaced_tokens, token_offsets, tokens,
             group_offsets, block_offsets, block_ids, num_replaced_blocks, num_released_blocks,
-        ))
-
-    def __setattr__(self, name, value):
-        raise AttributeError(_READ_ONLY.format(name))
-
-    def __delattr__(self, name):
-        raise AttributeError(_READ_ONLY.format(name))
+        )
 
     def __getattr__(self, name):
-        # reached only for a column not set yet: all are set from the backend's report on
-        # the first read of any
+        # reached only for a column's slot not set yet: all are set from the backend's
+        # report on the first read of any
         if name in _COLUMN_SLOTS:
             source = self._source
             for column, array in zip(_COLUMN_SLOTS.values(), source if type(source) is tuple else source.arrays()):
@@ -87,8 +83,7 @@ class SchedulerOutput:
         """(every row, the new rows, the cached rows): RequestData made on the first use."""
         rows = self._rows
         if rows is None:
-            rows = _backend.module.request_rows(self)
-            _set_rows(self, rows)
+            rows = self._rows = _backend.module.request_rows(self)
         return rows
 
     @property
@@ -123,22 +118,18 @@ class SchedulerOutput:
         )
 
 
-_COLUMN_SLOTS = {name: SchedulerOutput.__dict__[name] for name in COLUMNS}  # name -> its slot descriptor
-_READ_ONLY = "a SchedulerOutput is read-only: {!r} cannot be set or deleted"
+for _name in ("num_context_requests", *COLUMNS):  # read-only: a C getter over the slot, no setter
+    setattr(SchedulerOutput, _name, property(attrgetter(f"_{_name}")))
+_COLUMN_SLOTS = {f"_{name}": SchedulerOutput.__dict__[f"_{name}"] for name in COLUMNS}  # slot name -> descriptor
 _new_object = object.__new__
-# the slots' own setters (SchedulerOutput refuses setattr)
-_set_context_count = SchedulerOutput.num_context_requests.__set__
-_set_source = SchedulerOutput._source.__set__
-_set_rows = SchedulerOutput._rows.__set__
 
 
 def from_report(report):
     """The ``SchedulerOutput`` of a backend's ``ReportState.build`` result: (number of
     context rows, the columns: a tuple of arrays, or an object whose ``arrays()`` makes them)."""
     output = _new_object(SchedulerOutput)
-    _set_context_count(output, report[0])
-    _set_source(output, report[1])
-    _set_rows(output, None)
+    output._num_context_requests, output._source = report
+    output._rows = None
     return output
 
 

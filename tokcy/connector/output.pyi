@@ -8,19 +8,33 @@ import numpy.typing as npt
 COLUMNS: tuple[str, ...]
 
 class SchedulerOutput:
-    num_context_requests: int
-    request_ids: npt.NDArray[np.int64]
-    is_new: npt.NDArray[np.bool_]
-    computed_positions: npt.NDArray[np.int64]
-    num_scheduled_tokens: npt.NDArray[np.int64]
-    num_replaced_tokens: npt.NDArray[np.int64]
-    token_offsets: npt.NDArray[np.int64]
-    tokens: npt.NDArray[np.int32]
-    group_offsets: npt.NDArray[np.int64]
-    block_offsets: npt.NDArray[np.int64]
-    block_ids: npt.NDArray[np.int32]
-    num_replaced_blocks: npt.NDArray[np.int64]
-    num_released_blocks: npt.NDArray[np.int64]
+    # read-only: each a property over a private slot
+    @property
+    def num_context_requests(self) -> int: ...
+    @property
+    def request_ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def is_new(self) -> npt.NDArray[np.bool_]: ...
+    @property
+    def computed_positions(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def num_scheduled_tokens(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def num_replaced_tokens(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def token_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def tokens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def group_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def block_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def block_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def num_replaced_blocks(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def num_released_blocks(self) -> npt.NDArray[np.int64]: ...
     def __init__(
         self,
         num_context_requests: int,
