@@ -1,6 +1,8 @@
 """What both backends' ``RequestData`` rows share: the field list, ``as_dict``, equality,
 ``repr`` and pickling, written once in terms of the fields each backend reads."""
 
+import numpy as np
+
 COLUMNS = (
     "request_ids", "is_new", "computed_positions", "num_scheduled_tokens", "num_replaced_tokens", "token_offsets",
     "tokens", "group_offsets", "block_offsets", "block_ids", "num_replaced_blocks", "num_released_blocks",
@@ -28,8 +30,6 @@ def column_copy(column, dtype):
     """A private 1-D copy of a column of a report made by hand, in ``dtype``: the rows of
     such a report read these, on both backends (so nothing else can change or resize them,
     and no attribute of a caller's array can lead back to a row)."""
-    import numpy as np
-
     copy = np.array(column, dtype=dtype, copy=True, order="C", ndmin=1)
     if copy.ndim != 1:
         raise ValueError("a SchedulerOutput's columns are one-dimensional")
@@ -69,9 +69,7 @@ def reduce(data):
 
 
 def rebuild(fields):
-    import numpy as np
-
-    from tokcy.connector.output import SchedulerOutput
+    from tokcy.connector.output import SchedulerOutput  # here: that module imports this one
 
     groups = fields["new_block_ids_by_group"]
     block_offsets = np.cumsum([0] + [len(ids) for ids in groups], dtype=np.int64)

@@ -75,9 +75,10 @@ class SchedulerOutput:
 
     def request_data(self, row):
         """``RequestData`` for one row."""
-        if not 0 <= row < len(self.request_ids):
-            raise IndexError(f"row {row} is out of range for {len(self.request_ids)} scheduled requests")
-        return self._made_rows()[0][row]
+        rows = self._made_rows()[0]  # its length is the batch's: the columns need not be made
+        if not 0 <= row < len(rows):
+            raise IndexError(f"row {row} is out of range for {len(rows)} scheduled requests")
+        return rows[row]
 
     def _made_rows(self):
         """(every row, the new rows, the cached rows): RequestData made on the first use."""

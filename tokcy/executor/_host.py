@@ -299,9 +299,9 @@ def prepare_into(out, module, context_requests, generation_requests, first_draft
     prepared._arrays = out.arrays
     prepared._counts = counts
     prepared._metadata = None
-    if sizes_per_group is not None:  # _set_metadata(), inline: the bound writer looked up once
+    if sizes_per_group is not None:
         metadata = out.metadata
-        bound = metadata._writers.get(module) or metadata.bound(module)
-        prepared._metadata = (metadata, bound.results(), sizes_per_group, counts[3], counts[5])
+        bound = metadata._writers.get(module) or metadata.bound(module)  # bound()'s cache, without its call
+        prepared._set_metadata(metadata, bound.results(), sizes_per_group)
     return prepared
 
