@@ -67,3 +67,39 @@ def test_timing_wraps_the_rounds():
     timing = floor.report(Plan(rounds=3, per_round=4), 8, 64, 32)
     assert timing.rounds == len(timing.round_medians) == 3 and timing.per_round == 4 and timing.number >= 1
     assert min(timing.round_medians) <= timing.median <= max(timing.round_medians)
+
+
+def test_a_floor_round_runs_after_each_of_tokcys_rounds(backend):
+    """measure(after_round=...) calls it once per timed round, after the round's samples:
+    the floor's round i is the one timed beside tokcy's round i."""
+    from tokcy.bench.timing import Plan, measure
+
+    events = []
+    rounds = floor.report_rounds(8, 64, 32, Plan(rounds=3, per_round=4))
+
+    def after_round():
+        events.append("floor")
+        rounds()
+
+    timing = measure(lambda: events.append("step"), Plan(warmup=1, rounds=3, per_round=4), number=1,
+                     after_round=after_round)
+    timed = events[events.index("floor") - 4 :]  # the first timed round, then the floor's, and so on
+    assert timed == (["step"] * 4 + ["floor"]) * 3
+    assert len(rounds.round_medians) == timing.rounds == 3
+    assert rounds.timing().round_medians == rounds.round_medians
+
+
+def test_tokcy_over_the_floor_is_the_median_of_the_paired_rounds(backend):
+    """A worked example: round medians 10, 30, 20 against floors 5, 5, 2 are ratios 2, 6
+    and 10 (median 6), where the ratio of the medians would be 20 / 5 = 4."""
+    from tokcy.bench.scenario import Row
+    from tokcy.bench.timing import Plan, Timing
+
+    rounds = floor.Rounds(lambda reps, samples: ([5.0] * samples, 0), Plan(rounds=3, per_round=1), 1)
+    rounds.round_medians = [5.0, 5.0, 2.0]
+    tokcy = Timing(median=20.0, round_medians=[10.0, 30.0, 20.0], rounds=3, per_round=1, warmup=1, number=1)
+    assert rounds.ratios(tokcy) == [2.0, 6.0, 10.0]
+    row = Row(config={}, values={"tokcy": 20.0, "floor": 5.0}, floor_rounds={"tokcy": rounds.ratios(tokcy)})
+    assert row.floor_ratio() == 6.0
+    assert Row(config={}, values={"tokcy": 20.0, "floor": 5.0}).floor_ratio() == 4.0  # unpaired: the medians
+    assert row.as_dict()["tokcy_over_floor"] == 6.0 and row.as_dict()["floor_rounds"] == {"tokcy": [2.0, 6.0, 10.0]}

@@ -347,6 +347,43 @@ def test_hand_made_columns_of_any_layout_read_as_plain_arrays(backend, variant):
     assert [type(data.is_new) for data in rows] == [bool, bool]
 
 
+def _raw(**changes):
+    """A hand-made output whose changed columns are passed as given (no conversion here)."""
+    columns = {name: getattr(_hand_made(), name) for name in COLUMNS}
+    columns.update(changes)
+    return SchedulerOutput(0, *(columns[name] for name in COLUMNS))
+
+
+@pytest.mark.parametrize("name, column, error, message", [
+    ("tokens", np.array([10, 11, 2**31]), ValueError, "tokens column holds 2147483648, outside \\[-2147483648, "),
+    ("block_ids", np.array([-(2**31) - 1]), ValueError, "block_ids column holds -2147483649, outside"),
+    ("tokens", [10.0, 11.5, 12.0], TypeError, "tokens column must hold integers, not float64"),
+    ("is_new", np.array([2, 0], dtype=np.uint8), ValueError, "is_new column holds 2, outside \\[0, 1\\]"),
+    ("request_ids", np.array([3, 2**63], dtype=np.uint64), ValueError, "request_ids column holds 9223372036854775808"),
+    ("token_offsets", ["0", "2", "3"], TypeError, "token_offsets column must hold integers, not <U1"),
+    ("computed_positions", [0, 2**70], TypeError, "computed_positions column must hold integers, not object"),
+])
+def test_a_hand_made_column_that_numpy_would_round_or_wrap_is_refused(backend, name, column, error, message):
+    """np.array(column, dtype) would truncate 11.5 to 11 and wrap 2**31 to -2**31: the
+    rows refuse such a column, name it, and leave the output as it was (a second read
+    raises the same error; the column is still the caller's object)."""
+    output = _raw(**{name: column})
+    for _ in range(2):
+        with pytest.raises(error, match=message):
+            output.requests  # noqa: B018 - the read is the test
+        with pytest.raises(error, match=message):
+            output.request_data(0)
+    assert getattr(output, name) is column
+
+
+def test_empty_hand_made_columns_given_as_plain_lists_are_taken(backend):
+    """numpy reads [] as float64; an empty column holds no value to refuse."""
+    output = _raw(request_ids=[], is_new=[], computed_positions=[], num_scheduled_tokens=[], num_replaced_tokens=[],
+                  token_offsets=[0], tokens=[], group_offsets=[0], block_offsets=[0], block_ids=[],
+                  num_replaced_blocks=[], num_released_blocks=[])
+    assert output.requests == [] and len(output) == 0
+
+
 def test_a_two_dimensional_column_is_refused(backend):
     with pytest.raises(ValueError, match="columns are one-dimensional"):
         _hand_made(tokens=[[10, 11, 12]]).requests  # noqa: B018

@@ -100,30 +100,33 @@ cdef class RowColumns:
         length[0] = view.len // itemsize
         return view.buf
 
-    cdef const void* export_copy(self, object column, object dtype, Py_ssize_t itemsize, char code,
+    cdef const void* export_copy(self, object output, str name, object dtype, Py_ssize_t itemsize, char code,
                                  Py_ssize_t* length) except? NULL:
-        """A private copy of ``column`` in ``dtype`` (what ``_request_data.column_copy``
-        makes, on both backends), exported."""
-        return self.export(_request_data.column_copy(column, dtype), itemsize, code, length)
+        """A private copy of the column ``name`` of ``output`` in ``dtype`` (what
+        ``_request_data.column_copy`` makes, on both backends), exported."""
+        return self.export(_request_data.column_copy(getattr(output, name), dtype, name), itemsize, code, length)
+
+    cdef const int64_t* int64_copy(self, object output, str name, Py_ssize_t* length) except? NULL:
+        return <const int64_t*>self.export_copy(output, name, np.int64, 8, b"i"[0], length)
+
+    cdef const int32_t* int32_copy(self, object output, str name, Py_ssize_t* length) except? NULL:
+        return <const int32_t*>self.export_copy(output, name, np.int32, 4, b"i"[0], length)
+
     cdef int export_columns(self, object output) except -1:
         """Copy and export the twelve columns of ``output`` (a SchedulerOutput made by hand)."""
         cdef Py_ssize_t length[7]
-        self.request_ids = <const int64_t*>self.export_copy(output.request_ids, np.int64, 8, b"i"[0], &length[0])
-        self.is_new = <const unsigned char*>self.export_copy(output.is_new, np.bool_, 1, b"?"[0], &length[1])
-        self.positions = <const int64_t*>self.export_copy(output.computed_positions, np.int64, 8, b"i"[0], &length[2])
-        self.scheduled = <const int64_t*>self.export_copy(output.num_scheduled_tokens, np.int64, 8, b"i"[0], &length[3])
-        self.replaced_tokens = <const int64_t*>self.export_copy(output.num_replaced_tokens, np.int64, 8, b"i"[0],
-                                                           &length[4])
-        self.token_offsets = <const int64_t*>self.export_copy(output.token_offsets, np.int64, 8, b"i"[0], &length[5])
-        self.tokens = <const int32_t*>self.export_copy(output.tokens, np.int32, 4, b"i"[0], &self.num_tokens)
-        self.group_offsets = <const int64_t*>self.export_copy(output.group_offsets, np.int64, 8, b"i"[0], &length[6])
-        self.block_offsets = <const int64_t*>self.export_copy(output.block_offsets, np.int64, 8, b"i"[0],
-                                                         &self.num_block_offsets)
-        self.block_ids = <const int32_t*>self.export_copy(output.block_ids, np.int32, 4, b"i"[0], &self.num_blocks)
-        self.replaced_blocks = <const int64_t*>self.export_copy(output.num_replaced_blocks, np.int64, 8, b"i"[0],
-                                                           &self.num_replaced_blocks)
-        self.released_blocks = <const int64_t*>self.export_copy(output.num_released_blocks, np.int64, 8, b"i"[0],
-                                                           &self.num_released_blocks)
+        self.request_ids = self.int64_copy(output, "request_ids", &length[0])
+        self.is_new = <const unsigned char*>self.export_copy(output, "is_new", np.bool_, 1, b"?"[0], &length[1])
+        self.positions = self.int64_copy(output, "computed_positions", &length[2])
+        self.scheduled = self.int64_copy(output, "num_scheduled_tokens", &length[3])
+        self.replaced_tokens = self.int64_copy(output, "num_replaced_tokens", &length[4])
+        self.token_offsets = self.int64_copy(output, "token_offsets", &length[5])
+        self.tokens = self.int32_copy(output, "tokens", &self.num_tokens)
+        self.group_offsets = self.int64_copy(output, "group_offsets", &length[6])
+        self.block_offsets = self.int64_copy(output, "block_offsets", &self.num_block_offsets)
+        self.block_ids = self.int32_copy(output, "block_ids", &self.num_blocks)
+        self.replaced_blocks = self.int64_copy(output, "num_replaced_blocks", &self.num_replaced_blocks)
+        self.released_blocks = self.int64_copy(output, "num_released_blocks", &self.num_released_blocks)
         self.batch = length[0]
         if not (length[1] == length[2] == length[3] == length[4] == self.batch
                 and length[5] == length[6] == self.batch + 1):

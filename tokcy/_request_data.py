@@ -26,14 +26,24 @@ OUTSIDE = "the SchedulerOutput's offsets of row {} lie outside its columns"
 """The ValueError's text when a row's offsets leave the columns (either backend)."""
 
 
-def column_copy(column, dtype):
-    """A private 1-D copy of a column of a report made by hand, in ``dtype``: the rows of
-    such a report read these, on both backends (so nothing else can change or resize them,
-    and no attribute of a caller's array can lead back to a row)."""
-    copy = np.array(column, dtype=dtype, copy=True, order="C", ndmin=1)
-    if copy.ndim != 1:
+def column_copy(column, dtype, name):
+    """A private 1-D copy of the column ``name`` of a report made by hand, in ``dtype``:
+    the rows of such a report read these, on both backends (so nothing else can change or
+    resize them, and no attribute of a caller's array can lead back to a row). Only values
+    that ``dtype`` holds exactly are taken: integers in its range (0 or 1 for ``is_new``);
+    a float, an object or a value out of range is refused, never rounded or wrapped."""
+    values = np.asarray(column)
+    if values.ndim > 1:
         raise ValueError("a SchedulerOutput's columns are one-dimensional")
-    return copy
+    if values.size:  # (an empty list is float64 to numpy: any dtype holds no values)
+        if values.dtype.kind not in "biu":
+            raise TypeError(f"a SchedulerOutput's {name} column must hold integers, not {values.dtype}")
+        low, high = (0, 1) if dtype is np.bool_ else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        smallest, largest = values.min(), values.max()
+        if smallest < low or largest > high:
+            bad = smallest if smallest < low else largest
+            raise ValueError(f"a SchedulerOutput's {name} column holds {int(bad)}, outside [{low}, {high}]")
+    return np.array(values, dtype=dtype, copy=True, order="C", ndmin=1)
 
 
 def is_row_type(cls):

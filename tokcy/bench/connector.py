@@ -138,19 +138,22 @@ def run_row(config, backend, plan, names) -> Row:
         if world.reports != expected:
             raise AssertionError(f"connector baseline {name!r} reports differ from tokcy's")
     timings: dict[str, Timing | None] = {}
+    floor_rounds = floor.report_rounds(config["requests"], config["tokens"], BLOCK, plan)
     for name, world in worlds.items():
         step = world.report
         if name in CONSUMERS:
             def step(world=world, consume=CONSUMERS[name]):
                 consume(world.report())
-        timings[name] = measure(step, plan, before=world.advance)
-    timings["floor"] = floor.report(plan, config["requests"], config["tokens"], BLOCK)
+        beside = floor_rounds if name == "tokcy" else None  # a floor round after each of tokcy's
+        timings[name] = measure(step, plan, before=world.advance, after_round=beside)
+    timings["floor"] = floor_rounds.timing() if floor_rounds else None
     quoted = QUOTED_MS.get((config["requests"], config["tokens"]))
     return Row(
         config=dict(config),
         values={name: (t.median if t else None) for name, t in timings.items()},
         timings={name: t.as_dict() for name, t in timings.items() if t},
         reference={"TRT-LLM main": quoted[0] * 1e-3, "TRT-LLM + #22092": quoted[1] * 1e-3} if quoted else {},
+        floor_rounds={"tokcy": floor_rounds.ratios(timings["tokcy"])} if floor_rounds else {},
     )
 
 
@@ -178,7 +181,8 @@ class Connector(Scenario):
         "new_block_ids read",
         "before: TensorRT-LLM before pull request #22092 (get_tokens(0) whole list per request + whole block list); "
         "after: its fix (get_num_tokens/get_tokens_range, block list still copied)",
-        "floor: the same columns as plain C over C arrays, timed in C; tokcy/floor: tokcy's time over the floor's",
+        "floor: the same columns as plain C over C arrays, timed in C; tokcy/floor: the median over rounds of "
+        "tokcy's round median over the floor's round, timed right after it",
     )
     quoted_title = QUOTED_TITLE
     plot_x = "tokens"

@@ -25,7 +25,8 @@ class ConnectorBatch(BatchSweep):
     legend = (
         "tokcy: build_scheduler_output (columnar); tokcy+RequestData: then every RequestData made; tokcy+fields: and "
         "each row's new_tokens and new_block_ids read; after: TensorRT-LLM pull request #22092's loop; floor: the "
-        "same columns as plain C",
+        "same columns as plain C; tokcy/floor: the median over rounds of tokcy's round over the floor's, "
+        "timed right after it",
     )
     quoted_title = QUOTED_TITLE
     plot_xlabel = f"batch size B (requests of {TOKENS:,} tokens)"

@@ -69,12 +69,16 @@ def implementations(backend, seq_len, num_drafts, chunk, num_generation, names=(
 def run_row(config, backend, plan, names, num_generation, seq_len, num_drafts, chunk) -> Row:
     """Time tokcy, the ``names`` baselines and the floor on one batch."""
     steps = implementations(backend, seq_len, num_drafts, chunk, num_generation, names)
-    timings: dict[str, Timing | None] = {name: measure(step, plan) for name, step in steps.items()}
-    timings["floor"] = floor.prepare(plan, num_generation, seq_len, num_drafts, chunk)
+    floor_rounds = floor.prepare_rounds(num_generation, seq_len, num_drafts, chunk, plan)
+    timings: dict[str, Timing | None] = {
+        name: measure(step, plan, after_round=floor_rounds if name == "tokcy" else None)
+        for name, step in steps.items()}
+    timings["floor"] = floor_rounds.timing() if floor_rounds else None
     return Row(
         config=dict(config),
         values={name: (t.median if t else None) for name, t in timings.items()},
         timings={name: t.as_dict() for name, t in timings.items() if t},
+        floor_rounds={"tokcy": floor_rounds.ratios(timings["tokcy"])} if floor_rounds else {},
     )
 
 
@@ -89,7 +93,8 @@ class Executor(Scenario):
         "before: TensorRT-LLM before pull request #16791 (get_tokens(0) whole list per request); after: its fix "
         "(per-request Python loop, O(1)/O(range) accessors); numpy: vLLM-style gather from a [requests, max_len] array",
         "floor: the same rows as plain C over C arrays (requests scattered on the heap), timed in C; "
-        "tokcy/floor: tokcy's time over the floor's (1.0x is the floor)",
+        "tokcy/floor: the median over rounds of tokcy's round median over the floor's round, timed right after "
+        "it (1.0x is the floor)",
     )
     plot_x = "seq_len"
     plot_xlabel = "sequence length L (tokens), 0 drafts"

@@ -23,7 +23,8 @@ class ExecutorBatch(BatchSweep):
     needs = ("tokcy.executor", "tokcy._baselines.executor")
     legend = (
         "tokcy: prepare_inputs into preallocated HostBuffers; after: the per-request Python loop of TensorRT-LLM "
-        "pull request #16791; numpy: vLLM-style gather; floor: the same rows as plain C, timed in C",
+        "pull request #16791; numpy: vLLM-style gather; floor: the same rows as plain C, timed in C; "
+        "tokcy/floor: the median over rounds of tokcy's round over the floor's, timed right after it",
     )
     plot_xlabel = f"batch size B (requests of {SEQ_LEN:,} tokens)"
 

@@ -5,9 +5,11 @@ builds the batch of a configuration in C (every request its own heap object and 
 storage, allocated in a shuffled order) and times the loop with ``clock_gettime`` around
 many repetitions, so no Python is counted. The samples (each about 50 us of calls) are
 summarised like every other figure of the bench: rounds of ``per_round`` samples, the
-median of the round medians. It writes the arrays tokcy writes, same dtypes
-and bytes. What it leaves out is what tokcy adds: validation, Python objects, the hash
-lookup of a request's state (the floor keeps that state by batch position).
+median of the round medians. Each of the floor's rounds is timed right after one of
+tokcy's, and tokcy/floor is the median over rounds of the two round medians' ratio.
+It writes the arrays tokcy writes, same dtypes and bytes. What it leaves out is what
+tokcy adds: validation, Python objects, the hash lookup of a request's state (the floor
+keeps that state by batch position).
 Without the helper the bench runs and says so; the column shows "-".
 """
 
@@ -48,32 +50,63 @@ def _repetitions(estimate_s: float) -> int:
     return max(1, min(200_000, int(50e-6 / max(estimate_s, 1e-9))))
 
 
-def _samples(plan) -> int:
-    return max(1, plan.rounds) * max(1, plan.per_round)
+class Rounds:
+    """The floor timed one round at a time: each call times one round of ``per_round``
+    samples. The scenarios call it right after each of tokcy's rounds, so the two are
+    timed seconds apart at most: the speed of these shared machines changes between
+    seconds, and a ratio of figures timed at different moments would carry that change."""
+
+    def __init__(self, run, plan, reps: int):
+        self._run = run  # run(reps, samples) -> (seconds per call per sample, checksum)
+        self._per_round = max(1, plan.per_round)
+        self._reps = reps
+        self.round_medians: list = []
+
+    def __call__(self) -> None:
+        samples, _ = self._run(self._reps, self._per_round)
+        self.round_medians.append(statistics.median(samples))
+
+    def timing(self) -> Timing:
+        medians = self.round_medians
+        return Timing(median=statistics.median(medians), round_medians=list(medians), rounds=len(medians),
+                      per_round=self._per_round, warmup=1, number=self._reps)
+
+    def ratios(self, timing: Timing) -> list:
+        """Per round: ``timing``'s round median over the floor's round run right after it."""
+        return [mine / floor for mine, floor in zip(timing.round_medians, self.round_medians) if floor > 0]
 
 
-def _timing(samples: list, plan, reps: int) -> Timing:
-    """The bench's method on the C-timed samples: rounds of ``per_round`` samples, the
-    median of each round, the median of the round medians."""
-    size = max(1, plan.per_round)
-    medians = [statistics.median(samples[start : start + size]) for start in range(0, len(samples), size)]
-    return Timing(median=statistics.median(medians), round_medians=medians, rounds=len(medians),
-                  per_round=size, warmup=1, number=reps)
-
-
-def prepare(plan, num_generation: int, seq_len: int, num_drafts: int, chunk: int) -> Timing | None:
+def prepare_rounds(num_generation: int, seq_len: int, num_drafts: int, chunk: int, plan) -> Rounds | None:
     """prepare_inputs' rows for one context chunk (chunk > 0) and num_generation requests."""
     if _floor is None:
         return None
     reps = _repetitions(8e-9 * (num_generation * (1 + num_drafts)) + 0.5e-9 * chunk + 50e-9)
-    samples, _ = _floor.prepare(num_generation, seq_len, num_drafts, chunk, reps, _samples(plan))
-    return _timing(samples, plan, reps)
+    return Rounds(lambda reps, samples: _floor.prepare(num_generation, seq_len, num_drafts, chunk, reps, samples),
+                  plan, reps)
 
 
-def report(plan, num_requests: int, num_tokens: int, block_size: int) -> Timing | None:
+def report_rounds(num_requests: int, num_tokens: int, block_size: int, plan) -> Rounds | None:
     """build_scheduler_output's columns in steady decode (one new token per request)."""
     if _floor is None:
         return None
     reps = _repetitions(2 * 10e-9 * num_requests + 100e-9)  # each repetition also runs the untimed step
-    samples, _ = _floor.report(num_requests, num_tokens, block_size, reps, _samples(plan))
-    return _timing(samples, plan, reps)
+    return Rounds(lambda reps, samples: _floor.report(num_requests, num_tokens, block_size, reps, samples),
+                  plan, reps)
+
+
+def _all_rounds(rounds: Rounds | None, plan) -> Timing | None:
+    if rounds is None:
+        return None
+    for _ in range(max(1, plan.rounds)):
+        rounds()
+    return rounds.timing()
+
+
+def prepare(plan, num_generation: int, seq_len: int, num_drafts: int, chunk: int) -> Timing | None:
+    """The floor of prepare_inputs alone, every round at once."""
+    return _all_rounds(prepare_rounds(num_generation, seq_len, num_drafts, chunk, plan), plan)
+
+
+def report(plan, num_requests: int, num_tokens: int, block_size: int) -> Timing | None:
+    """The floor of build_scheduler_output alone, every round at once."""
+    return _all_rounds(report_rounds(num_requests, num_tokens, block_size, plan), plan)

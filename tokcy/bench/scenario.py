@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 LEVELS = ("smoke", "quick", "default", "full")  # "smoke": tiny sizes, for the test suite only
@@ -16,6 +17,8 @@ class Row:
     timings: dict = field(default_factory=dict)  # implementation -> Timing.as_dict(), when timed
     reference: dict = field(default_factory=dict)  # label -> figure quoted from elsewhere, same unit
     note: str = ""
+    # implementation -> its round medians over the floor's, each floor round timed right after
+    floor_rounds: dict = field(default_factory=dict)
 
     def ratios(self, tokcy_name: str = "tokcy") -> dict:
         """baseline / tokcy for every baseline (tokcy's speed-up or saving); the floor and
@@ -28,7 +31,12 @@ class Row:
         return out
 
     def floor_ratio(self, name: str = "tokcy"):
-        """name / floor: how many times the plain-C floor tokcy takes (None without a floor)."""
+        """name / floor: how many times the plain-C floor tokcy takes (None without a floor):
+        the median of the per-round ratios where the floor's rounds ran beside name's, else
+        the ratio of the two medians."""
+        paired = self.floor_rounds.get(name)
+        if paired:
+            return statistics.median(paired)
         mine, floor = self.values.get(name), self.values.get("floor")
         return mine / floor if mine and floor else None
 
@@ -43,6 +51,7 @@ class Row:
             "values": self.values,
             "ratios": self.ratios(),
             "tokcy_over_floor": self.floor_ratio(),
+            "floor_rounds": self.floor_rounds,
             "timings": self.timings,
             "reference": self.reference,
             "note": self.note,

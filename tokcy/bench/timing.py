@@ -82,8 +82,10 @@ def _calibrate(step, plan: Plan) -> int:
         number *= 2 if elapsed * 8 > plan.min_sample_s else 8
 
 
-def measure(step, plan: Plan, *, before=None, number: int | None = None) -> Timing:
-    """Time ``step()`` with ``plan``; see the module docstring."""
+def measure(step, plan: Plan, *, before=None, number: int | None = None, after_round=None) -> Timing:
+    """Time ``step()`` with ``plan``; see the module docstring. ``after_round``: called,
+    untimed, after each timed round (the floor times its round there, so that each of
+    its rounds runs beside one of this step's)."""
     clock = time.perf_counter
     repeat = itertools.repeat
     if before is not None:
@@ -115,6 +117,8 @@ def measure(step, plan: Plan, *, before=None, number: int | None = None) -> Timi
                     step()
                 samples.append((clock() - start) / number)
         round_medians.append(statistics.median(samples))
+        if after_round is not None:
+            after_round()
     return Timing(
         median=statistics.median(round_medians),
         round_medians=round_medians,
