@@ -330,7 +330,7 @@ def test_columnar_arrays(backend):
     assert isinstance(data, RequestData)
     assert data.new_block_ids_by_group == [[10, 11], [10, 11]]
     assert data.num_layer_groups == 2
-    assert output.new_requests is output.new_requests  # built once
+    assert output.new_requests[0] is output.new_requests[0] is data  # built once, each list a new one
     with pytest.raises(IndexError):
         output.request_data(2)
     empty = manager.build_scheduler_output([], [])

@@ -68,6 +68,11 @@ def test_worked_example(backend):
     tokens.append(99)
     assert second_a.new_tokens == [13] and second_a.new_tokens is not second_a.new_tokens
     assert output.request_data(1) is second_a and output.requests == [second_b, second_a]
+    for name in ("requests", "new_requests", "cached_requests"):  # the lists are the caller's too
+        before = getattr(output, name)
+        getattr(output, name).clear()
+        getattr(output, name).append(second_a)
+        assert getattr(output, name) == before and getattr(output, name) is not getattr(output, name)
     assert second_a != second_b and second_a == output.requests[1]
     assert repr(second_b).startswith("RequestData(request_id=2, is_new=False, new_tokens=[21]")
 

@@ -94,13 +94,13 @@ class SchedulerOutput:
 
     @property
     def new_requests(self):
-        """``RequestData`` of the rows reported as new (first report, or after reset / pause)."""
-        return self._made_rows()[1]
+        """``RequestData`` of the rows reported as new (first report, or after reset / pause; a new list)."""
+        return list(self._made_rows()[1])
 
     @property
     def cached_requests(self):
-        """``RequestData`` of the rows reported as deltas."""
-        return self._made_rows()[2]
+        """``RequestData`` of the rows reported as deltas (a new list)."""
+        return list(self._made_rows()[2])
 
     @property
     def num_new_tokens(self):
