@@ -154,3 +154,24 @@ def test_plot_time_unit_keeps_ticks_readable():
     assert report.time_unit([50e-9, 3e-6]) == ("ns", 1e-9)
     assert report.time_unit([2e-3, 0.5]) == ("ms", 1e-3)
     assert report._tick(1_000_000.0) == "1,000,000" and report._tick(0.5) == "0.5"
+
+
+def test_device_feed_goals_from_worked_rows(backend):
+    """The device scenario's verdicts on rows written by hand: the tokens-only preparer
+    against prepare_inputs (20 us over 12 us is 1.67x: FAIL at 1.5x; 15 over 12 is 1.25x:
+    PASS), and the GPU goal measured only on a CUDA row (25 us: PASS; 31 us: FAIL)."""
+    pytest.importorskip("torch")
+    from tokcy.bench.device_feed import SCENARIO
+
+    def row(device, tokcy, tokens, host, requests=256):
+        return Row(config={"device": device, "requests": requests, "seq_len": 2048},
+                   values={"tokcy": tokcy, "tokcy tokens": tokens, "prepare_inputs": host})
+
+    def verdicts(*rows):
+        return [(goal.passed, goal.measured) for goal in SCENARIO.goals(list(rows), "cython")]
+
+    assert verdicts(row("cpu", 400e-6, 20e-6, 12e-6)) == [(False, "1.67x"), (None, "no CUDA device here")]
+    assert verdicts(row("cuda", 25e-6, 15e-6, 12e-6)) == [(True, "1.25x"), (True, "25.0 us")]
+    assert verdicts(row("cuda", 31e-6, 15e-6, 12e-6)) == [(True, "1.25x"), (False, "31.0 us")]
+    assert verdicts(row("cuda", 25e-6, 15e-6, 12e-6, requests=16)) == [(None, "B = 256 not run"), (None, "not run")]
+    assert SCENARIO.goals([row("cuda", 25e-6, 15e-6, 12e-6)], "python") == []  # the twin has no goal here

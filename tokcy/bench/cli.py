@@ -17,7 +17,8 @@ import time
 from tokcy.bench import backends, floor, machine, report
 from tokcy.bench.timing import PLANS
 
-SCENARIOS = ("accessors", "executor", "executor_batch", "connector", "connector_batch", "memory", "attention")
+SCENARIOS = ("accessors", "executor", "executor_batch", "connector", "connector_batch", "memory", "attention",
+             "device_feed")
 
 
 ON_REQUEST = ("soak",)  # run only when named with --scenario
