@@ -128,6 +128,23 @@ def test_out_is_reused_and_views_are_exact(backend):
     assert len(again.draft_tokens) == 0 and len(again.gather_ids) == 1
 
 
+def test_fields_are_read_only_and_an_array_view_is_made_once_when_read(backend):
+    """Each array's view is made on its first read and kept (counted: the views made);
+    the counts and the metadata (None without a block size) are read-only like the arrays."""
+    context, drafted, plain = worked_example(backend)
+    inputs = prepare_inputs([context], [plain, drafted], max_draft_len=2, out=HostBuffers(32, 4, 2))
+    assert inputs._views == [None] * 11  # nothing made before a read
+    ids = inputs.input_ids
+    assert ids is inputs.input_ids and sum(view is not None for view in inputs._views) == 1
+    assert ids.tolist() == [104, 105, 106, 107, 208, 900, 901, 306]  # drafted rows first
+    assert (inputs.num_tokens, inputs.groups, inputs.kv_lens, inputs.max_kv_len) == (8, None, None, None)
+    for name in ("input_ids", "num_tokens", "groups", "slot_mapping"):
+        with pytest.raises(AttributeError):
+            setattr(inputs, name, None)
+    with pytest.raises(AttributeError, match="no attribute 'not_a_field'"):
+        inputs.not_a_field  # noqa: B018
+
+
 def test_empty_batch(backend):
     result = prepare_inputs([], [])
     assert result.num_tokens == 0 and result.cu_seqlens.tolist() == [0] and result.padded_batch_size == 0

@@ -88,6 +88,24 @@ def test_cpu_worked_example_device_rows(backend):
         preparer.prepare([], [], device_token_requests=[plain], previous_new_tokens=[1, 2])
 
 
+def test_device_inputs_fields_are_read_only_views_made_once(backend):
+    """A DeviceInputs field is a view of the persistent tensor made on its first read and
+    kept (counted: the views made); counts come from the host, and metadata is None
+    without a block size; every field is read-only."""
+    plain = backend.Request(3, list(range(300, 307)))
+    plain.state = RequestState.GENERATION_IN_PROGRESS
+    preparer = InputPreparer(16, 4)
+    result = preparer.prepare([], [plain])
+    assert result._views == [None] * len(ARRAY_FIELDS)
+    ids = result.input_ids
+    assert ids is result.input_ids and ids.tolist() == [306] and ids.data_ptr() == preparer.tensors["input_ids"].data_ptr()
+    assert sum(view is not None for view in result._views) == 1
+    assert (result.num_tokens, result.padded_batch_size, result.groups, result.block_table) == (1, 1, None, None)
+    for name in ("input_ids", "num_tokens", "groups"):
+        with pytest.raises(AttributeError):
+            setattr(result, name, None)
+
+
 def test_cpu_errors_leave_device_tensors_alone(backend):
     preparer = InputPreparer(4, 2)
     generation = backend.Request(1, [1, 2, 3])

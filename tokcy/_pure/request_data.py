@@ -17,10 +17,6 @@ from tokcy import _request_data
 from tokcy._request_data import COLUMNS, MADE_BY_REPORT, OUTSIDE, READ_ONLY, column_copy
 
 
-_DTYPES = {**dict.fromkeys(COLUMNS, np.int64), "is_new": np.bool_, "tokens": np.int32, "block_ids": np.int32}
-"""Each column's dtype: what a row reads, and what a hand-made column is copied into."""
-
-
 class RowColumns:
     """The columns of one report that its rows read: a manager's report's own arrays, or
     private copies (``_request_data.column_copy``) of the columns of an output made by hand.
@@ -30,9 +26,19 @@ class RowColumns:
     __slots__ = (*COLUMNS, "_resize_guards")
 
     def __init__(self, output, made_by_hand):
-        take = column_copy if made_by_hand else _as_is
-        for name in COLUMNS:
-            setattr(self, name, take(getattr(output, name), _DTYPES[name], name))
+        take = column_copy if made_by_hand else _as_is  # (one assignment each: stubtest reads them)
+        self.request_ids = take(output.request_ids, np.int64, "request_ids")
+        self.is_new = take(output.is_new, np.bool_, "is_new")
+        self.computed_positions = take(output.computed_positions, np.int64, "computed_positions")
+        self.num_scheduled_tokens = take(output.num_scheduled_tokens, np.int64, "num_scheduled_tokens")
+        self.num_replaced_tokens = take(output.num_replaced_tokens, np.int64, "num_replaced_tokens")
+        self.token_offsets = take(output.token_offsets, np.int64, "token_offsets")
+        self.tokens = take(output.tokens, np.int32, "tokens")
+        self.group_offsets = take(output.group_offsets, np.int64, "group_offsets")
+        self.block_offsets = take(output.block_offsets, np.int64, "block_offsets")
+        self.block_ids = take(output.block_ids, np.int32, "block_ids")
+        self.num_replaced_blocks = take(output.num_replaced_blocks, np.int64, "num_replaced_blocks")
+        self.num_released_blocks = take(output.num_released_blocks, np.int64, "num_released_blocks")
         self._resize_guards = () if made_by_hand else tuple(
             weakref.ref(_root(getattr(self, name))) for name in COLUMNS
         )

@@ -21,10 +21,19 @@ from tokcy.executor._host import (
     COUNT_FIELDS,
     HostBuffers,
     _count,
+    _used_length,
     capacity_lengths,
     prepare_into,
 )
-from tokcy.executor._metadata import METADATA_FIELDS, LayerGroupInputs, block_sizes_arg, set_fields
+from tokcy.executor._metadata import (
+    METADATA_FIELDS,
+    _NO_METADATA,
+    LayerGroupInputs,
+    _MetadataFields,
+    block_sizes_arg,
+    _metadata_property,
+    set_fields,
+)
 
 # Packed order: per-sequence arrays first, token-sized arrays last, input_ids at the end.
 _PACKED_ORDER = (
@@ -85,32 +94,57 @@ class DeviceInputs:
     slicing a tensor costs a microsecond or two, and decode batches repeat their sizes.
     """
 
-    __slots__ = ARRAY_FIELDS + METADATA_FIELDS + ("host", "_preparer", "_metadata")
+    __slots__ = ("host", "_preparer", "_metadata", "_views")
 
+    # Every field is a read-only property (defined below the class), as in PreparedInputs.
     def __init__(self, preparer, host, metadata=None):
         self._preparer = preparer
         self.host = host
         self._metadata = metadata  # what the metadata views are made from, on first read
+        self._views = [None] * len(ARRAY_FIELDS)
 
-    def __getattr__(self, name):  # only called for a field not read yet
-        if name in ARRAY_FIELDS:
-            view = self._preparer._view(name, len(getattr(self.host, name)))
-            setattr(self, name, view)
-            return view
-        if name in COUNT_FIELDS:
-            return getattr(self.host, name)
-        if name in METADATA_FIELDS:
-            metadata = self._metadata
-            if metadata is None:  # a call without a block size
-                return None
-            self._metadata = None
-            self._preparer._set_device_metadata(self, *metadata)
-            return getattr(self, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    def _metadata_fields(self):
+        metadata = self._metadata
+        if metadata is None:  # a call without a block size
+            return _NO_METADATA
+        if type(metadata) is not _MetadataFields:  # (tables, padded, ...): the views made now, once
+            fields = _new_object(_MetadataFields)
+            self._preparer._set_device_metadata(fields, *metadata)
+            metadata = self._metadata = fields
+        return metadata
 
     def __repr__(self):
         counts = ", ".join(f"{name}={getattr(self, name)}" for name in COUNT_FIELDS)
         return f"DeviceInputs({counts})"
+
+
+def _device_array_property(index, name):
+    def read(self):
+        views = self._views
+        view = views[index]
+        if view is None:  # its length from the counts: the host's view need not be made
+            view = views[index] = self._preparer._view(name, _used_length(index, self.host._counts))
+        return view
+
+    read.__name__ = name
+    return property(read, doc=f"``{name}``: a view of the device tensor, exactly the used length.")
+
+
+def _device_count_property(index, name):
+    def read(self):
+        return self.host._counts[index]
+
+    read.__name__ = name
+    return property(read, doc=f"``{name}`` (an int, the host's).")
+
+
+for _index, _name in enumerate(ARRAY_FIELDS):
+    setattr(DeviceInputs, _name, _device_array_property(_index, _name))
+for _index, _name in enumerate(COUNT_FIELDS):
+    setattr(DeviceInputs, _name, _device_count_property(_index, _name))
+for _name in METADATA_FIELDS:
+    setattr(DeviceInputs, _name, _metadata_property(_name))
+del _index, _name
 
 
 class InputPreparer:
@@ -308,6 +342,7 @@ class InputPreparer:
             inputs._preparer = self
             inputs.host = host
             inputs._metadata = metadata
+            inputs._views = [None] * len(ARRAY_FIELDS)
         except BaseException:
             if self.device_table is not None:  # the host consumed the tables' changes: resend them whole
                 self.device_table.rows().forget()
@@ -324,8 +359,9 @@ class InputPreparer:
                 [self._packed_view(f"kv_indptr/{group}", padded + 1) for group in range(len(self.block_sizes))])
         return views
 
-    def _set_device_metadata(self, inputs, tables, padded, num_tokens, max_query_len, max_kv_len):
-        """The metadata attributes of ``inputs`` (device views), made when first read."""
+    def _set_device_metadata(self, fields, tables, padded, num_tokens, max_query_len, max_kv_len):
+        """The metadata attributes (device views) into ``fields``, a ``_MetadataFields``: an
+        inputs object makes them on the first read of any."""
         indptrs = self._batch_views(padded)[2]
         groups = []
         for group, (block_size, (dense, indices)) in enumerate(zip(self.block_sizes, tables)):
@@ -333,7 +369,7 @@ class InputPreparer:
                 block_size=block_size, slot_mapping=self._packed_view(f"slot_mapping/{group}", num_tokens),
                 block_table=dense, kv_indptr=indptrs[group], kv_indices=indices,
                 kv_last_page_len=self._packed_view(f"kv_last_page_len/{group}", padded)))
-        set_fields(inputs, self._packed_view("kv_lens", padded), self._packed_view("cu_kv_seqlens", padded + 1),
+        set_fields(fields, self._packed_view("kv_lens", padded), self._packed_view("cu_kv_seqlens", padded + 1),
                    max_query_len, max_kv_len, groups)
 
     def _new_copy_prefixes(self, used):

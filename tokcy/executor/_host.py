@@ -10,7 +10,15 @@ import operator
 import numpy as np
 
 from tokcy import _backend
-from tokcy.executor._metadata import METADATA_FIELDS, MetadataBuffers, attach, block_sizes_arg
+from tokcy.executor._metadata import (
+    METADATA_FIELDS,
+    _NO_METADATA,
+    MetadataBuffers,
+    _MetadataFields,
+    attach,
+    block_sizes_arg,
+    _metadata_property,
+)
 
 #: The array attributes of ``PreparedInputs``, in the order ``InputWriter.bind`` takes them.
 ARRAY_FIELDS = (
@@ -68,7 +76,6 @@ def capacity_lengths(max_num_tokens, max_batch_size, max_draft_len):
 
 
 _ARRAY_INDEX = {name: index for index, name in enumerate(ARRAY_FIELDS)}
-_COUNT_INDEX = {name: index for index, name in enumerate(COUNT_FIELDS)}
 # Used length of each array (ARRAY_FIELDS order) as (index into a writer's counts tuple,
 # added): num_tokens is counts[3], padded_batch_size counts[5], then the writer's extra
 # counts (gather rows, draft tokens, draft requests, device-token rows) at 7..10.
@@ -99,32 +106,28 @@ class PreparedInputs:
     With ``out=`` the arrays are views of the holder's buffers: the next call overwrites them.
     """
 
-    __slots__ = ARRAY_FIELDS + COUNT_FIELDS + METADATA_FIELDS + ("_arrays", "_counts", "_metadata")
+    __slots__ = ("_arrays", "_counts", "_metadata", "_views")
 
-    # Every attribute is made on first read (then kept in its slot): a step that reads a
-    # few arrays pays for those few views, not for all of them.
+    # Every field is a read-only property (defined below the class). An array's view is
+    # made on its first read and kept, and the metadata fields are made together on the
+    # first read of any: a step pays only for what it reads. (Unset slots with a
+    # __getattr__ fallback would cost a formatted AttributeError on every first read, and
+    # slow every other attribute read too.)
     def __init__(self, arrays, counts):
         self._arrays = arrays if type(arrays) in (list, tuple) else tuple(arrays)
         self._counts = counts
         self._metadata = None
+        self._views = [None] * len(ARRAY_FIELDS)
 
-    def __getattr__(self, name):  # only called for a slot not set yet
-        index = _ARRAY_INDEX.get(name)
-        if index is not None:
-            view = self._arrays[index][: _used_length(index, self._counts)]
-            setattr(self, name, view)
-            return view
-        index = _COUNT_INDEX.get(name)
-        if index is not None:
-            return self._counts[index]
-        if name in METADATA_FIELDS:
-            metadata = self._metadata
-            if metadata is None:  # a call without a block size
-                return None
-            self._metadata = None
-            attach(self, *metadata)
-            return getattr(self, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    def _metadata_fields(self):
+        metadata = self._metadata
+        if metadata is None:  # a call without a block size
+            return _NO_METADATA
+        if type(metadata) is not _MetadataFields:  # (buffers, results, ...): made now, once
+            fields = _new_object(_MetadataFields)
+            attach(fields, *metadata)
+            metadata = self._metadata = fields
+        return metadata
 
     def _set_metadata(self, buffers, results, block_sizes):
         """The metadata attributes come from ``buffers`` (views of the used lengths) when read."""
@@ -139,6 +142,35 @@ class PreparedInputs:
         fields only when the call wrote them."""
         names = ARRAY_FIELDS + COUNT_FIELDS + (METADATA_FIELDS if self.groups is not None else ())
         return {name: getattr(self, name) for name in names}
+
+
+def _array_property(index, name):
+    def read(self):
+        views = self._views
+        view = views[index]
+        if view is None:
+            view = views[index] = self._arrays[index][: _used_length(index, self._counts)]
+        return view
+
+    read.__name__ = name
+    return property(read, doc=f"``{name}``: a numpy view of exactly the used length (made on first read).")
+
+
+def _count_property(index, name):
+    def read(self):
+        return self._counts[index]
+
+    read.__name__ = name
+    return property(read, doc=f"``{name}`` (an int).")
+
+
+for _index, _name in enumerate(ARRAY_FIELDS):
+    setattr(PreparedInputs, _name, _array_property(_index, _name))
+for _index, _name in enumerate(COUNT_FIELDS):
+    setattr(PreparedInputs, _name, _count_property(_index, _name))
+for _name in METADATA_FIELDS:
+    setattr(PreparedInputs, _name, _metadata_property(_name))
+del _index, _name
 
 
 class HostBuffers:
@@ -299,6 +331,7 @@ def prepare_into(out, module, context_requests, generation_requests, first_draft
     prepared._arrays = out.arrays
     prepared._counts = counts
     prepared._metadata = None
+    prepared._views = [None] * len(ARRAY_FIELDS)
     if sizes_per_group is not None:
         metadata = out.metadata
         bound = metadata._writers.get(module) or metadata.bound(module)  # bound()'s cache, without its call

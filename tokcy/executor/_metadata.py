@@ -103,9 +103,34 @@ class MetadataBuffers:
         return metadata
 
 
+class _MetadataFields:
+    """The metadata attributes of one call (``METADATA_FIELDS``), made together on the
+    first read of any: an inputs object's metadata properties read them from here."""
+
+    __slots__ = METADATA_FIELDS
+
+
+_NO_METADATA = _MetadataFields()
+"""What the metadata properties read after a call without a block size: every field None."""
+for _name in METADATA_FIELDS:
+    setattr(_NO_METADATA, _name, None)
+del _name
+
+
+def _metadata_property(name):
+    """A read-only property of an inputs object (``PreparedInputs``, ``DeviceInputs``) for
+    the metadata field ``name``: its ``_metadata_fields()`` holds them all."""
+
+    def read(self):
+        return getattr(self._metadata_fields(), name)
+
+    read.__name__ = name
+    return property(read, doc=f"``{name}``: attention metadata (None when the call gave no block size).")
+
+
 def attach(target, buffers, results, block_sizes, num_tokens, padded):
-    """Set the metadata attributes of a ``PreparedInputs`` from ``buffers`` (views of the
-    used lengths) and the writer's ``results()`` tuple."""
+    """Set the metadata attributes of ``target`` (a ``_MetadataFields``) from ``buffers``
+    (views of the used lengths) and the writer's ``results()`` tuple."""
     max_query_len, max_kv_len, _, num_indices = results
     groups = []
     for group, block_size in enumerate(block_sizes):
