@@ -21,19 +21,12 @@ from tokcy.executor._host import (
     COUNT_FIELDS,
     HostBuffers,
     _count,
+    _install_fields,
     _used_length,
     capacity_lengths,
     prepare_into,
 )
-from tokcy.executor._metadata import (
-    METADATA_FIELDS,
-    _NO_METADATA,
-    LayerGroupInputs,
-    _MetadataFields,
-    block_sizes_arg,
-    _metadata_property,
-    set_fields,
-)
+from tokcy.executor._metadata import _NO_METADATA, LayerGroupInputs, _MetadataFields, block_sizes_arg, set_fields
 
 # Packed order: per-sequence arrays first, token-sized arrays last, input_ids at the end.
 _PACKED_ORDER = (
@@ -138,13 +131,7 @@ def _device_count_property(index, name):
     return property(read, doc=f"``{name}`` (an int, the host's).")
 
 
-for _index, _name in enumerate(ARRAY_FIELDS):
-    setattr(DeviceInputs, _name, _device_array_property(_index, _name))
-for _index, _name in enumerate(COUNT_FIELDS):
-    setattr(DeviceInputs, _name, _device_count_property(_index, _name))
-for _name in METADATA_FIELDS:
-    setattr(DeviceInputs, _name, _metadata_property(_name))
-del _index, _name
+_install_fields(DeviceInputs, _device_array_property, _device_count_property)
 
 
 class InputPreparer:

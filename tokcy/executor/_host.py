@@ -11,13 +11,13 @@ import numpy as np
 
 from tokcy import _backend
 from tokcy.executor._metadata import (
-    METADATA_FIELDS,
     _NO_METADATA,
+    METADATA_FIELDS,
     MetadataBuffers,
+    _metadata_property,
     _MetadataFields,
     attach,
     block_sizes_arg,
-    _metadata_property,
 )
 
 #: The array attributes of ``PreparedInputs``, in the order ``InputWriter.bind`` takes them.
@@ -164,13 +164,19 @@ def _count_property(index, name):
     return property(read, doc=f"``{name}`` (an int).")
 
 
-for _index, _name in enumerate(ARRAY_FIELDS):
-    setattr(PreparedInputs, _name, _array_property(_index, _name))
-for _index, _name in enumerate(COUNT_FIELDS):
-    setattr(PreparedInputs, _name, _count_property(_index, _name))
-for _name in METADATA_FIELDS:
-    setattr(PreparedInputs, _name, _metadata_property(_name))
-del _index, _name
+def _install_fields(cls, array_property, count_property):
+    """Give an inputs class (``PreparedInputs``, ``DeviceInputs``) its read-only fields:
+    ``array_property(index, name)`` per array, ``count_property(index, name)`` per count
+    (``ARRAY_FIELDS`` / ``COUNT_FIELDS`` order) and the metadata's properties."""
+    for index, name in enumerate(ARRAY_FIELDS):
+        setattr(cls, name, array_property(index, name))
+    for index, name in enumerate(COUNT_FIELDS):
+        setattr(cls, name, count_property(index, name))
+    for name in METADATA_FIELDS:
+        setattr(cls, name, _metadata_property(name))
+
+
+_install_fields(PreparedInputs, _array_property, _count_property)
 
 
 class HostBuffers:
