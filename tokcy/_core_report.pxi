@@ -197,6 +197,7 @@ cdef class ReportState:
         self.slots[number].num_blocks = NULL
         self.slots[number].group_capacity = 0
         self.slots[number].live = False
+        self.slots[number].reported = False  # so reported implies live (the fast plan reads one)
         self.slots[number].next_free = self.free_head
         self.free_head = number
         self.num_live -= 1
@@ -347,6 +348,7 @@ cdef class ReportState:
         job.slot = number
         job.request_id = request._request_id
         job.committed = False
+        job.direct = False
         job.is_new = not slot.reported or slot.num_pauses != request._num_pauses
         job.num_pauses = request._num_pauses
         size = request._beam0.size
@@ -361,7 +363,6 @@ cdef class ReportState:
         check_span(job.request_id, begin, size, size, request._beam0.capacity)
         job.buffer = <PyObject*>request._beam0
         job.data = request._beam0.data
-        job.dirty = &request._beam0.dirty_from
         job.begin = begin
         job.end = size
         if kind == 0:  # context: the cursor, less connector-matched tokens
@@ -392,7 +393,6 @@ cdef class ReportState:
             part = &self.segments[total_segments[0]]
             part.buffer = <PyObject*>(<BlockTable>table)._buffer
             part.data = (<BlockTable>table)._buffer.data
-            part.dirty = &(<BlockTable>table)._buffer.dirty_from
             part.begin = begin
             part.end = size
             part.replaced = reported - begin
@@ -420,7 +420,10 @@ cdef class ReportState:
         # the fast plan consumes its rows' marks as it goes, until the first general row
         cdef bint in_place = True
         cdef Py_ssize_t count
-        cdef Py_ssize_t totals[4]
+        cdef Py_ssize_t totals[5]
+        cdef Py_ssize_t num_direct = 0       # rows the fast plan wrote into the output (RowJob.direct)
+        cdef DirectOutput direct
+        cdef object replaced_arrays          # the arena's arrays, kept while new ones replace them
         if self.busy:
             _report_checks.busy()
         self.busy = True
@@ -433,6 +436,15 @@ cdef class ReportState:
             batch = num_context + len(<list>groups[1]) + len(<list>groups[2])
             self._reserve_rows(batch)
             arena.inspect()  # before the plan: this may run Python code (numpy's buffer export)
+            # the fast plan writes its rows' columns straight into the arrays found, when they
+            # hold the per-row columns (their places depend on the batch alone); nothing
+            # can see them meanwhile (they are the arena's alone), so a failed call leaves
+            # only unused entries changed
+            direct.request_ids, direct.tokens, direct.is_new, direct.token_capacity = NULL, NULL, NULL, 0
+            if (arena.wide.data != NULL and arena.wide.capacity >= 6 * batch + 2 and arena.narrow.data != NULL
+                    and arena.flags.data != NULL and arena.flags.capacity >= batch):
+                direct_output(&direct, <int64_t*>arena.wide.data, batch, <int32_t*>arena.narrow.data,
+                              arena.narrow.capacity, <unsigned char*>arena.flags.data)
             self.stamp += 1
             stamp = self.stamp
             try:
@@ -452,9 +464,11 @@ cdef class ReportState:
                     index = 0
                     while True:
                         if kind != 0 and self.fast_plan:  # runs of common rows, then one general row, and so on
-                            totals[0], totals[1], totals[2], totals[3] = row, total_tokens, total_segments, total_blocks
-                            index = plan_fast_rows(self, items, index, kind, stamp, totals, in_place)
-                            row, total_tokens, total_segments, total_blocks = totals[0], totals[1], totals[2], totals[3]
+                            totals[0], totals[1], totals[2], totals[3], totals[4] = \
+                                row, total_tokens, total_segments, total_blocks, num_direct
+                            index = plan_fast_rows(self, items, index, kind, stamp, totals, in_place, &direct)
+                            row, total_tokens, total_segments, total_blocks, num_direct = \
+                                totals[0], totals[1], totals[2], totals[3], totals[4]
                         if index >= count:
                             break
                         if in_place:
@@ -505,7 +519,19 @@ cdef class ReportState:
                         consume_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
                     consumed = batch
                 if not claimed:
+                    # keep the arrays the direct rows were written into until their entries
+                    # are copied into the new ones (a rare path: a small array or a shrink)
+                    replaced_arrays = (arena.int64_array, arena.int32_array, arena.bool_array)
                     arena.allocate(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
+                    if num_direct:
+                        if arena.wide.data != <void*>direct.request_ids:  # the per-row columns, token and group offsets
+                            memcpy(arena.wide.data, direct.request_ids, (6 * batch + 2) * sizeof(int64_t))
+                        if arena.narrow.data != direct.tokens:  # the direct rows' tokens lie in there
+                            memcpy(arena.narrow.data, direct.tokens,
+                                   min(total_tokens, direct.token_capacity) * sizeof(int32_t))
+                        if arena.flags.data != direct.is_new:
+                            memcpy(arena.flags.data, direct.is_new, batch)
+                    replaced_arrays = None
             except BaseException:
                 for index in range(consumed):
                     restore_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
@@ -521,11 +547,11 @@ cdef class ReportState:
             # arrays are referenced by the arena alone
             if release_gil:
                 with nogil:
-                    write_report(self, batch, total_segments, total_tokens, total_blocks,
+                    write_report(self, batch, total_segments, total_tokens, total_blocks, num_direct,
                                 <int64_t*>arena.wide.data, <int32_t*>arena.narrow.data,
                                 <unsigned char*>arena.flags.data)
             else:
-                write_report(self, batch, total_segments, total_tokens, total_blocks,
+                write_report(self, batch, total_segments, total_tokens, total_blocks, num_direct,
                             <int64_t*>arena.wide.data, <int32_t*>arena.narrow.data,
                             <unsigned char*>arena.flags.data)
         finally:
