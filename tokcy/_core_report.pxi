@@ -20,7 +20,14 @@
 #   and not paused since, its slot hint valid, its group count unchanged) takes a fast
 #   plan (plan_fast_rows, in _core_report_fast.pxi): borrowed pointers, no check that can raise, its slot
 #   committed at once (undone from the job if the call fails, the slot being the
-#   manager's own memory) and pass 2 writing only its columns. Every other row takes the
+#   manager's own memory). When the arena's arrays were found reusable before the plan,
+#   it writes the row's per-row columns (request id, is_new, position, scheduled,
+#   replaced tokens, token and group offsets: places that depend on the batch size
+#   alone) and its tokens straight into them, and pass 2 writes only its segments (block
+#   columns, whose places depend on totals known after the plan); if those arrays are
+#   then replaced (too small, or far too large), what was written moves into the new
+#   ones before pass 2. Nobody but the arena references them, so a failed call leaves
+#   only unused entries changed. Every other row takes the
 #   general plan (_plan_row), which raises the errors; the fast plan stops at anything it
 #   does not handle, having changed nothing for that row.
 # * Change marks: the connector is one of two readers of each buffer's changes (the
@@ -41,7 +48,8 @@
 #   Int32Buffer a job writes and to every storage array a job's data pointer reads, and
 #   drops them after pass 2. A small report into reused arrays runs no Python code from
 #   the first read of a request to the last write, so its borrowed pointers stay valid
-#   without references. Pass 2 reads only values planned in pass 1. A second build /
+#   without references. Pass 2 reads only values planned in pass 1 (and the token
+#   offsets of the rows before, in the arena's arrays). A second build /
 #   record_matched_tokens / reset_request / request_finished on the same state while a
 #   build runs raises RuntimeError (busy) instead of moving slots, rows or segments under
 #   the writer. A request mutated by another thread during a report is the caller's race
@@ -436,15 +444,7 @@ cdef class ReportState:
             batch = num_context + len(<list>groups[1]) + len(<list>groups[2])
             self._reserve_rows(batch)
             arena.inspect()  # before the plan: this may run Python code (numpy's buffer export)
-            # the fast plan writes its rows' columns straight into the arrays found, when they
-            # hold the per-row columns (their places depend on the batch alone); nothing
-            # can see them meanwhile (they are the arena's alone), so a failed call leaves
-            # only unused entries changed
-            direct.request_ids, direct.tokens, direct.is_new, direct.token_capacity = NULL, NULL, NULL, 0
-            if (arena.wide.data != NULL and arena.wide.capacity >= 6 * batch + 2 and arena.narrow.data != NULL
-                    and arena.flags.data != NULL and arena.flags.capacity >= batch):
-                direct_output(&direct, <int64_t*>arena.wide.data, batch, <int32_t*>arena.narrow.data,
-                              arena.narrow.capacity, <unsigned char*>arena.flags.data)
+            find_direct_output(&direct, arena, batch)  # where the fast plan may write its rows
             self.stamp += 1
             stamp = self.stamp
             try:
@@ -524,13 +524,7 @@ cdef class ReportState:
                     replaced_arrays = (arena.int64_array, arena.int32_array, arena.bool_array)
                     arena.allocate(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
                     if num_direct:
-                        if arena.wide.data != <void*>direct.request_ids:  # the per-row columns, token and group offsets
-                            memcpy(arena.wide.data, direct.request_ids, (6 * batch + 2) * sizeof(int64_t))
-                        if arena.narrow.data != direct.tokens:  # the direct rows' tokens lie in there
-                            memcpy(arena.narrow.data, direct.tokens,
-                                   min(total_tokens, direct.token_capacity) * sizeof(int32_t))
-                        if arena.flags.data != direct.is_new:
-                            memcpy(arena.flags.data, direct.is_new, batch)
+                        move_direct_rows(arena, &direct, batch, total_tokens)
                     replaced_arrays = None
             except BaseException:
                 for index in range(consumed):

@@ -1,8 +1,10 @@
 # The connector report's common row and pass 2 (compiled core): the fast plan that
-# ReportState.build() (tokcy/_core_report.pxi) runs for runs of common rows, the undoing
-# of its slot commits when a call fails, and the pass-2 writer every row goes through.
+# ReportState.build() (tokcy/_core_report.pxi) runs for runs of common rows (writing
+# their per-row columns and tokens straight into the output when it can), the undoing of
+# its slot commits when a call fails, and the pass-2 writer of everything else.
 
 from libc.stdint cimport int8_t, int16_t
+from libc.string cimport memset
 
 # fused-type tags: a plan_fast_loop specialisation per row kind and per consume
 ctypedef int8_t GenerationRows
@@ -29,8 +31,9 @@ cdef Py_ssize_t plan_fast_rows(ReportState state, list items, Py_ssize_t index, 
     is committed at once (build() undoes it from the job if the call fails) and, with
     ``consume``, its change marks are consumed (the whole batch is valid so far, and
     build() gives them back, in C, before any general row's checks can run Python
-    code). With ``out.wide``, a row whose tokens fit ``out`` has its per-row columns and
-    tokens written there at once (its job is ``direct``); pass 2 writes the others.
+    code). With ``out.request_ids`` (the arena's arrays, reusable), a row whose tokens
+    fit ``out`` has its per-row columns and tokens written there at once (its job is
+    ``direct``: pass 2 writes only its segments); pass 2 writes the others.
     ``totals``: rows, tokens, segments, blocks and direct rows planned so far, updated."""
     # one copy of the loop per row kind and per consume (compile-time constants in each,
     # fused-type tags): fewer branches per row, and fewer values the loop keeps live
@@ -195,19 +198,39 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
     return index
 
 
-cdef inline void direct_output(DirectOutput* out, int64_t* wide, Py_ssize_t batch, int32_t* tokens,
-                               Py_ssize_t token_capacity, unsigned char* is_new) noexcept nogil:
-    """The per-row columns of a report of ``batch`` rows in ``wide`` (ReportColumns'
-    layout, as write_report's), its tokens and is_new, for the fast plan."""
+cdef void find_direct_output(DirectOutput* out, OutputArena arena, Py_ssize_t batch) noexcept:
+    """Where the fast plan writes its rows of a report of ``batch`` rows: the arena's
+    arrays found reusable (``arena.inspect()``, before the plan), when they hold the
+    per-row columns (ReportColumns' layout, as write_report's); else nowhere
+    (``out.request_ids`` NULL). Nothing but the arena references them, so nothing can see
+    what a failed call leaves in them."""
+    cdef int64_t* wide = <int64_t*>arena.wide.data
+    memset(out, 0, sizeof(DirectOutput))
+    if (wide == NULL or arena.wide.capacity < 6 * batch + 2 or arena.narrow.data == NULL
+            or arena.flags.data == NULL or arena.flags.capacity < batch):
+        return
     out.request_ids = wide
     out.positions = wide + batch
     out.scheduled = wide + 2 * batch
     out.replaced_tokens = wide + 3 * batch
     out.token_ends = wide + 4 * batch + 1
     out.group_ends = wide + 5 * batch + 2
-    out.is_new = is_new
-    out.tokens = tokens
-    out.token_capacity = token_capacity
+    out.is_new = <unsigned char*>arena.flags.data
+    out.tokens = <int32_t*>arena.narrow.data
+    out.token_capacity = arena.narrow.capacity
+
+
+cdef void move_direct_rows(OutputArena arena, const DirectOutput* out, Py_ssize_t batch, Py_ssize_t total_tokens) noexcept:
+    """After ``arena.allocate()`` replaced some of the arrays the fast plan wrote its rows
+    into (``out``'s, still alive: build() holds them): copy what it wrote into the new
+    ones (the per-row columns, and the tokens, which all lie in the first
+    ``min(total_tokens, out.token_capacity)`` entries)."""
+    if arena.wide.data != <void*>out.request_ids:
+        memcpy(arena.wide.data, out.request_ids, (6 * batch + 2) * sizeof(int64_t))
+    if arena.narrow.data != <void*>out.tokens:
+        memcpy(arena.narrow.data, out.tokens, min(total_tokens, out.token_capacity) * sizeof(int32_t))
+    if arena.flags.data != <void*>out.is_new:
+        memcpy(arena.flags.data, out.is_new, batch)
 
 
 cdef void uncommit(ReportState state, RowJob* job) noexcept:
