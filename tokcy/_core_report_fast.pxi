@@ -262,10 +262,10 @@ cdef void write_report(
 
     Only planned values are used (sizes, begins); the buffers' change marks were
     consumed in pass 1. The direct rows' per-row columns and tokens are in place already
-    (written in pass 1 into these arrays, or copied here from the ones they replaced). A request mutated by another thread during the report is the
-    caller's race: the report shows it as it was at plan time (and tokens written into
-    the old storage meanwhile may or may not show), but no memory is ever freed under
-    this loop.
+    (written in pass 1 into these arrays, or moved into them by move_direct_rows). A
+    request mutated by another thread during the report is the caller's race: the
+    report shows it as it was at plan time (and tokens written into the old storage
+    meanwhile may or may not show), but no memory is ever freed under this loop.
     """
     cdef Py_ssize_t row, group, count, segment, token_offset, block_offset = 0
     cdef int64_t* request_ids = wide
