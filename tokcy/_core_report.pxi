@@ -20,7 +20,14 @@
 #   and not paused since, its slot hint valid, its group count unchanged) takes a fast
 #   plan (plan_fast_rows, in _core_report_fast.pxi): borrowed pointers, no check that can raise, its slot
 #   committed at once (undone from the job if the call fails, the slot being the
-#   manager's own memory) and pass 2 writing only its columns. Every other row takes the
+#   manager's own memory). When the arena's arrays were found reusable before the plan,
+#   it writes the row's per-row columns (request id, is_new, position, scheduled,
+#   replaced tokens, token and group offsets: places that depend on the batch size
+#   alone) and its tokens straight into them, and pass 2 writes only its segments (block
+#   columns, whose places depend on totals known after the plan); if those arrays are
+#   then replaced (too small, or far too large), what was written moves into the new
+#   ones before pass 2. Nobody but the arena references them, so a failed call leaves
+#   only unused entries changed. Every other row takes the
 #   general plan (_plan_row), which raises the errors; the fast plan stops at anything it
 #   does not handle, having changed nothing for that row.
 # * Change marks: the connector is one of two readers of each buffer's changes (the
@@ -41,7 +48,8 @@
 #   Int32Buffer a job writes and to every storage array a job's data pointer reads, and
 #   drops them after pass 2. A small report into reused arrays runs no Python code from
 #   the first read of a request to the last write, so its borrowed pointers stay valid
-#   without references. Pass 2 reads only values planned in pass 1. A second build /
+#   without references. Pass 2 reads only values planned in pass 1 (and the token
+#   offsets of the rows before, in the arena's arrays). A second build /
 #   record_matched_tokens / reset_request / request_finished on the same state while a
 #   build runs raises RuntimeError (busy) instead of moving slots, rows or segments under
 #   the writer. A request mutated by another thread during a report is the caller's race
@@ -197,6 +205,7 @@ cdef class ReportState:
         self.slots[number].num_blocks = NULL
         self.slots[number].group_capacity = 0
         self.slots[number].live = False
+        self.slots[number].reported = False  # so reported implies live (the fast plan reads one)
         self.slots[number].next_free = self.free_head
         self.free_head = number
         self.num_live -= 1
@@ -347,6 +356,7 @@ cdef class ReportState:
         job.slot = number
         job.request_id = request._request_id
         job.committed = False
+        job.direct = False
         job.is_new = not slot.reported or slot.num_pauses != request._num_pauses
         job.num_pauses = request._num_pauses
         size = request._beam0.size
@@ -361,7 +371,6 @@ cdef class ReportState:
         check_span(job.request_id, begin, size, size, request._beam0.capacity)
         job.buffer = <PyObject*>request._beam0
         job.data = request._beam0.data
-        job.dirty = &request._beam0.dirty_from
         job.begin = begin
         job.end = size
         if kind == 0:  # context: the cursor, less connector-matched tokens
@@ -392,7 +401,6 @@ cdef class ReportState:
             part = &self.segments[total_segments[0]]
             part.buffer = <PyObject*>(<BlockTable>table)._buffer
             part.data = (<BlockTable>table)._buffer.data
-            part.dirty = &(<BlockTable>table)._buffer.dirty_from
             part.begin = begin
             part.end = size
             part.replaced = reported - begin
@@ -420,7 +428,10 @@ cdef class ReportState:
         # the fast plan consumes its rows' marks as it goes, until the first general row
         cdef bint in_place = True
         cdef Py_ssize_t count
-        cdef Py_ssize_t totals[4]
+        cdef Py_ssize_t totals[5]
+        cdef Py_ssize_t num_direct = 0       # rows the fast plan wrote into the output (RowJob.direct)
+        cdef DirectOutput direct
+        cdef object replaced_arrays          # the arena's arrays, kept while new ones replace them
         if self.busy:
             _report_checks.busy()
         self.busy = True
@@ -433,6 +444,7 @@ cdef class ReportState:
             batch = num_context + len(<list>groups[1]) + len(<list>groups[2])
             self._reserve_rows(batch)
             arena.inspect()  # before the plan: this may run Python code (numpy's buffer export)
+            find_direct_output(&direct, arena, batch)  # where the fast plan may write its rows
             self.stamp += 1
             stamp = self.stamp
             try:
@@ -452,9 +464,11 @@ cdef class ReportState:
                     index = 0
                     while True:
                         if kind != 0 and self.fast_plan:  # runs of common rows, then one general row, and so on
-                            totals[0], totals[1], totals[2], totals[3] = row, total_tokens, total_segments, total_blocks
-                            index = plan_fast_rows(self, items, index, kind, stamp, totals, in_place)
-                            row, total_tokens, total_segments, total_blocks = totals[0], totals[1], totals[2], totals[3]
+                            totals[0], totals[1], totals[2], totals[3], totals[4] = \
+                                row, total_tokens, total_segments, total_blocks, num_direct
+                            index = plan_fast_rows(self, items, index, kind, stamp, totals, in_place, &direct)
+                            row, total_tokens, total_segments, total_blocks, num_direct = \
+                                totals[0], totals[1], totals[2], totals[3], totals[4]
                         if index >= count:
                             break
                         if in_place:
@@ -505,7 +519,13 @@ cdef class ReportState:
                         consume_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
                     consumed = batch
                 if not claimed:
+                    # keep the arrays the direct rows were written into until their entries
+                    # are copied into the new ones (a rare path: a small array or a shrink)
+                    replaced_arrays = (arena.int64_array, arena.int32_array, arena.bool_array)
                     arena.allocate(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
+                    if num_direct:
+                        move_direct_rows(arena, &direct, batch, total_tokens)
+                    replaced_arrays = None
             except BaseException:
                 for index in range(consumed):
                     restore_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
@@ -521,11 +541,11 @@ cdef class ReportState:
             # arrays are referenced by the arena alone
             if release_gil:
                 with nogil:
-                    write_report(self, batch, total_segments, total_tokens, total_blocks,
+                    write_report(self, batch, total_segments, total_tokens, total_blocks, num_direct,
                                 <int64_t*>arena.wide.data, <int32_t*>arena.narrow.data,
                                 <unsigned char*>arena.flags.data)
             else:
-                write_report(self, batch, total_segments, total_tokens, total_blocks,
+                write_report(self, batch, total_segments, total_tokens, total_blocks, num_direct,
                             <int64_t*>arena.wide.data, <int32_t*>arena.narrow.data,
                             <unsigned char*>arena.flags.data)
         finally:

@@ -40,8 +40,7 @@ cdef struct RowJob:
     int64_t scheduled
     PyObject* buffer           # beam 0 (an Int32Buffer): borrowed in pass 1, held for a GIL-free pass 2
     const int32_t* data        # beam-0 tokens (buffer.storage, held likewise)
-    Py_ssize_t* dirty          # &beam0.dirty_from, consumed in pass 1
-    Py_ssize_t saved_dirty     # its value before, put back if the call fails
+    Py_ssize_t saved_dirty     # buffer.dirty_from (mark_of()) before pass 1 consumed it, put back if the call fails
     Py_ssize_t begin
     Py_ssize_t end
     Py_ssize_t num_pauses
@@ -51,17 +50,37 @@ cdef struct RowJob:
     Py_ssize_t saved_matched   # a committed row's slot.matched before, put back if the call fails
     bint is_new
     bint committed             # its slot already holds the report (the fast plan's rows; undone if the call fails)
+    # its columns and tokens are already in the output (a fast row, DirectOutput): pass 2
+    # writes only its segments, and request_id, position, scheduled, num_pauses, data and
+    # is_new are not set
+    bint direct
 
 
 cdef struct SegmentJob:
     PyObject* buffer           # table._buffer, as RowJob.buffer
     const int32_t* data        # block ids of one group (its storage, as RowJob.data)
-    Py_ssize_t* dirty          # &table._buffer.dirty_from, as RowJob.dirty
-    Py_ssize_t saved_dirty
+    Py_ssize_t saved_dirty     # as RowJob.saved_dirty
     Py_ssize_t begin
     Py_ssize_t end
     Py_ssize_t replaced
     Py_ssize_t released
+
+
+cdef struct DirectOutput:
+    # The arena's arrays, found reusable before the plan, into which the fast plan writes
+    # its rows' per-row columns and tokens at once: their places depend on the batch size
+    # alone (ReportColumns' layout; write_report's pointers). Block ids and block columns
+    # follow the tokens and the segments, whose totals are known only after the plan:
+    # pass 2 writes those.
+    int64_t* request_ids       # NULL: the fast plan writes its rows' jobs only
+    int64_t* positions
+    int64_t* scheduled
+    int64_t* replaced_tokens
+    int64_t* token_ends        # token_offsets + 1: row i's is token_offsets[i + 1]
+    int64_t* group_ends        # group_offsets + 1, likewise
+    unsigned char* is_new
+    int32_t* tokens
+    Py_ssize_t token_capacity  # entries of tokens
 
 
 cdef Py_ssize_t NO_ENTRY = -1
@@ -77,17 +96,22 @@ cdef inline Py_ssize_t* blocks_of(ReportSlot* slot) noexcept nogil:
     return slot.num_blocks if slot.num_blocks != NULL else slot.inline_blocks
 
 
+cdef inline Py_ssize_t* mark_of(PyObject* buffer) noexcept:
+    """The connector's change mark of a planned buffer (an Int32Buffer, borrowed)."""
+    return &(<Int32Buffer>buffer).dirty_from
+
+
 cdef inline void consume_mark(SegmentJob* part) noexcept:
-    part.saved_dirty = part.dirty[0]
-    part.dirty[0] = part.end
+    part.saved_dirty = mark_of(part.buffer)[0]
+    mark_of(part.buffer)[0] = part.end
 
 
 cdef inline void consume_marks(RowJob* job, SegmentJob* parts) noexcept:
     """Pass 1, with the GIL: take the connector's change marks of a planned row (its
     tokens and each group's blocks), as read; restore_marks() puts them back."""
     cdef Py_ssize_t group
-    job.saved_dirty = job.dirty[0]
-    job.dirty[0] = job.end
+    job.saved_dirty = mark_of(job.buffer)[0]
+    mark_of(job.buffer)[0] = job.end
     for group in range(job.num_groups):
         consume_mark(&parts[group])
 
@@ -95,20 +119,20 @@ cdef inline void consume_marks(RowJob* job, SegmentJob* parts) noexcept:
 cdef inline void restore_marks(RowJob* job, SegmentJob* parts) noexcept:
     """Undo consume_marks() for a failed call (lower only: a mark never rises here)."""
     cdef Py_ssize_t group
-    if job.saved_dirty < job.dirty[0]:
-        job.dirty[0] = job.saved_dirty
+    if job.saved_dirty < mark_of(job.buffer)[0]:
+        mark_of(job.buffer)[0] = job.saved_dirty
     for group in range(job.num_groups):
-        if parts[group].saved_dirty < parts[group].dirty[0]:
-            parts[group].dirty[0] = parts[group].saved_dirty
+        if parts[group].saved_dirty < mark_of(parts[group].buffer)[0]:
+            mark_of(parts[group].buffer)[0] = parts[group].saved_dirty
 
 
 cdef inline void give_back_marks(RowJob* job, SegmentJob* parts) noexcept:
     """Undo consume_marks() exactly, when nothing has run since (the marks the fast plan
     consumed, given back before a general row's checks can run Python code)."""
     cdef Py_ssize_t group
-    job.dirty[0] = job.saved_dirty
+    mark_of(job.buffer)[0] = job.saved_dirty
     for group in range(job.num_groups):
-        parts[group].dirty[0] = parts[group].saved_dirty
+        mark_of(parts[group].buffer)[0] = parts[group].saved_dirty
 
 
 cdef inline Py_ssize_t plan_fast_segment(PyObject* table, Py_ssize_t reported, SegmentJob* part) noexcept:
@@ -130,29 +154,12 @@ cdef inline Py_ssize_t plan_fast_segment(PyObject* table, Py_ssize_t reported, S
         return -1
     part.buffer = block_ids
     part.data = (<Int32Buffer>block_ids).data
-    part.dirty = &(<Int32Buffer>block_ids).dirty_from
+    part.saved_dirty = (<Int32Buffer>block_ids).dirty_from  # what consuming the mark saves
     part.begin = begin
     part.end = size
     part.replaced = reported - begin
     part.released = (<BlockTable>table)._num_released
     return size - begin
-
-
-cdef inline Py_ssize_t write_segment(const SegmentJob* part, Py_ssize_t segment, Py_ssize_t block_offset,
-                                     int32_t* block_ids, int64_t* block_offsets, int64_t* replaced_blocks,
-                                     int64_t* released_blocks) noexcept nogil:
-    """Pass 2: one group's new block ids and counts; returns the next block offset."""
-    cdef Py_ssize_t count = part.end - part.begin
-    debug_assert(0 <= count)
-    if count == 1:
-        block_ids[block_offset] = part.data[part.begin]
-    elif count:
-        memcpy(block_ids + block_offset, part.data + part.begin, count * sizeof(int32_t))
-    block_offset += count
-    block_offsets[segment + 1] = block_offset
-    replaced_blocks[segment] = part.replaced
-    released_blocks[segment] = part.released
-    return block_offset
 
 
 cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:
