@@ -129,3 +129,42 @@ def test_a_failed_call_after_rows_written_to_the_arrays_changes_nothing(backend)
     output = manager.build_scheduler_output([], [b, a])
     assert output.request_ids.tolist() == [2, 1] and output.tokens.tolist() == [9, 8]
     assert output.computed_positions.tolist() == [3, 4] and output.token_offsets.tolist() == [0, 1, 2]
+
+
+def test_code_run_by_the_allocation_cannot_reach_the_arrays_being_replaced(backend, monkeypatch):
+    """The rows written straight into the kept arrays move into new ones when a later row
+    outgrows them. Allocating those can run Python code (a collection, hence a gc
+    callback; here numpy's ``empty`` itself runs it): code that looks for the kept
+    arrays in every tracked container and resizes them, which would free the memory the
+    move copies from. It finds none, and the report is whole."""
+    import gc
+
+    import numpy as np
+
+    manager, a, b = two_decoding(backend)
+    seen = manager.build_scheduler_output([], [])  # the kept arrays: the bases of a report's columns
+    kept = {id(column.base) for column in (seen.request_ids, seen.tokens, seen.is_new) if column.base is not None}
+    del seen
+    a.add_new_token(8)
+    b.add_new_token(9)
+    d = generating(backend.Request(4, list(range(100, 200))))  # new, after a and b: outgrows the arrays
+    calls, resized = [], []
+    empty = np.empty
+
+    def hostile_empty(*args, **kwargs):
+        calls.append(args)
+        for container in gc.get_objects():
+            if type(container) in (tuple, list):
+                for item in container:
+                    if isinstance(item, np.ndarray) and id(item) in kept:
+                        item.resize(0, refcheck=False)
+                        resized.append(id(item))
+        return empty(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(np, "empty", hostile_empty)
+        output = manager.build_scheduler_output([], [a, b, d])
+    assert resized == []
+    assert calls or backend.__name__ == "tokcy._pure"  # the compiled backend allocated (the twin needs no empty)
+    assert columns(output)["tokens"] == [8, 9] + list(range(100, 200))
+    assert columns(output)["token_offsets"] == [0, 1, 2, 102] and columns(output)["request_ids"] == [1, 2, 4]

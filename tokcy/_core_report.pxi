@@ -431,7 +431,6 @@ cdef class ReportState:
         cdef Py_ssize_t totals[5]
         cdef Py_ssize_t num_direct = 0       # rows the fast plan wrote into the output (RowJob.direct)
         cdef DirectOutput direct
-        cdef object replaced_arrays          # the arena's arrays, kept while new ones replace them
         if self.busy:
             _report_checks.busy()
         self.busy = True
@@ -519,13 +518,17 @@ cdef class ReportState:
                         consume_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
                     consumed = batch
                 if not claimed:
-                    # keep the arrays the direct rows were written into until their entries
-                    # are copied into the new ones (a rare path: a small array or a shrink)
-                    replaced_arrays = (arena.int64_array, arena.int32_array, arena.bool_array)
+                    if num_direct:
+                        # keep the arrays the direct rows were written into until their entries
+                        # are copied into the new ones (a rare path: a small array or a shrink),
+                        # held in C: a Python container would be found by a gc callback that
+                        # the allocation runs, and the arrays resized under the copy
+                        self._hold(arena.int64_array)
+                        self._hold(arena.int32_array)
+                        self._hold(arena.bool_array)
                     arena.allocate(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
                     if num_direct:
                         move_direct_rows(arena, &direct, batch, total_tokens)
-                    replaced_arrays = None
             except BaseException:
                 for index in range(consumed):
                     restore_marks(&self.rows[index], &self.segments[self.rows[index].first_segment])
