@@ -93,7 +93,9 @@ def test_views_outlive_a_thousand_reallocations(backend):
 def test_prepare_while_another_thread_drops_the_request_buffers(backend):
     """The compiled loop copies without the GIL: it must own the storage it reads. Another
     thread re-initialising the request (dropping its 32 MiB buffer, which unmaps it) while
-    the chunk is copied must neither crash nor change what this call emits."""
+    the chunk is copied must neither crash nor change what this call emits. (The thread
+    may also win the race before the call reads the request, as it can in the Python
+    code before either backend's pass: the call then emits the new prompt, whole.)"""
     import sys
     import threading
 
@@ -115,8 +117,10 @@ def test_prepare_while_another_thread_drops_the_request_buffers(backend):
             start.set()
             inputs = prepare_inputs([request], [])
             thread.join()
-            assert inputs.num_tokens == size
-            assert np.array_equal(inputs.input_ids, prompt)
+            if inputs.num_tokens == size:  # read before the re-initialisation: the old prompt, whole
+                assert np.array_equal(inputs.input_ids, prompt)
+            else:
+                assert inputs.input_ids.tolist() == [7, 8, 9]
             assert request.get_tokens(0) == [7, 8, 9]
     finally:
         sys.setswitchinterval(interval)
