@@ -26,7 +26,7 @@ from tokcy.executor._host import (
     capacity_lengths,
     prepare_into,
 )
-from tokcy.executor._metadata import _NO_METADATA, LayerGroupInputs, _MetadataFields, block_sizes_arg, set_fields
+from tokcy.executor._metadata import LayerGroupInputs, _made_fields, block_sizes_arg, set_fields
 
 # Packed order: per-sequence arrays first, token-sized arrays last, input_ids at the end.
 _PACKED_ORDER = (
@@ -97,14 +97,7 @@ class DeviceInputs:
         self._views = [None] * len(ARRAY_FIELDS)
 
     def _metadata_fields(self):
-        metadata = self._metadata
-        if metadata is None:  # a call without a block size
-            return _NO_METADATA
-        if type(metadata) is not _MetadataFields:  # (tables, padded, ...): the views made now, once
-            fields = _new_object(_MetadataFields)
-            self._preparer._set_device_metadata(fields, *metadata)
-            metadata = self._metadata = fields
-        return metadata
+        return _made_fields(self, self._preparer._set_device_metadata)  # from (tables, padded, ...)
 
     def __repr__(self):
         counts = ", ".join(f"{name}={getattr(self, name)}" for name in COUNT_FIELDS)

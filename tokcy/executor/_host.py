@@ -11,11 +11,10 @@ import numpy as np
 
 from tokcy import _backend
 from tokcy.executor._metadata import (
-    _NO_METADATA,
     METADATA_FIELDS,
     MetadataBuffers,
+    _made_fields,
     _metadata_property,
-    _MetadataFields,
     attach,
     block_sizes_arg,
 )
@@ -75,7 +74,6 @@ def capacity_lengths(max_num_tokens, max_batch_size, max_draft_len):
     }
 
 
-_ARRAY_INDEX = {name: index for index, name in enumerate(ARRAY_FIELDS)}
 # Used length of each array (ARRAY_FIELDS order) as (index into a writer's counts tuple,
 # added): num_tokens is counts[3], padded_batch_size counts[5], then the writer's extra
 # counts (gather rows, draft tokens, draft requests, device-token rows) at 7..10.
@@ -120,14 +118,7 @@ class PreparedInputs:
         self._views = [None] * len(ARRAY_FIELDS)
 
     def _metadata_fields(self):
-        metadata = self._metadata
-        if metadata is None:  # a call without a block size
-            return _NO_METADATA
-        if type(metadata) is not _MetadataFields:  # (buffers, results, ...): made now, once
-            fields = _new_object(_MetadataFields)
-            attach(fields, *metadata)
-            metadata = self._metadata = fields
-        return metadata
+        return _made_fields(self, attach)  # from (buffers, results, block sizes, tokens, padded)
 
     def _set_metadata(self, buffers, results, block_sizes):
         """The metadata attributes come from ``buffers`` (views of the used lengths) when read."""

@@ -117,6 +117,19 @@ for _name in METADATA_FIELDS:
 del _name
 
 
+def _made_fields(inputs, fill):
+    """The ``_MetadataFields`` of an inputs object: made on the first read of any metadata
+    field, by ``fill(fields, *inputs._metadata)``, and kept in ``inputs._metadata``."""
+    metadata = inputs._metadata
+    if metadata is None:  # a call without a block size
+        return _NO_METADATA
+    if type(metadata) is not _MetadataFields:  # what the fields are made from: made now, once
+        fields = object.__new__(_MetadataFields)
+        fill(fields, *metadata)
+        metadata = inputs._metadata = fields
+    return metadata
+
+
 def _metadata_property(name):
     """A read-only property of an inputs object (``PreparedInputs``, ``DeviceInputs``) for
     the metadata field ``name``: its ``_metadata_fields()`` holds them all."""
