@@ -10,6 +10,7 @@ public constructor and pickling of ``SchedulerOutput``.
 """
 
 import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -191,3 +192,30 @@ def test_scheduler_output_constructor_and_pickle(backend):
     assert columns(made) == columns(output) and len(made) == 1
     with pytest.raises(AttributeError, match="no attribute 'no_such_column'"):
         made.no_such_column  # noqa: B018 - the read is the test
+
+
+def test_each_column_is_made_on_its_own_first_read_and_kept(backend):
+    # compiled: a column is a slice made on its first read, so reading block_ids adds one
+    # view of the int32 array under tokens; the twin makes all twelve on the first read
+    manager, requests = decoding(backend, 3)
+    output = step(manager, requests, 9)
+    tokens = output.tokens
+    assert output.tokens is tokens and tokens.tolist() == [9, 9, 9]
+    base = tokens.base
+    references = sys.getrefcount(base)
+    block_ids = output.block_ids
+    assert sys.getrefcount(base) == references + (1 if is_compiled(backend) else 0)
+    assert block_ids.base is base and output.block_ids is block_ids
+    assert all(made is getattr(output, name) for made, name in zip(output._source.arrays(), COLUMNS))
+    with pytest.raises(AttributeError, match="no attribute 'no_such_column'"):
+        output.no_such_column  # noqa: B018 - the read is the test
+
+
+def test_an_output_made_by_hand_gives_back_the_columns_given(backend):
+    manager, (a,) = decoding(backend, 1)
+    given = {name: getattr(step(manager, [a], 4), name).copy() for name in COLUMNS}
+    made = SchedulerOutput(0, *given.values())
+    assert all(getattr(made, name) is column for name, column in given.items())
+    with pytest.raises(AttributeError):
+        made.tokens = given["tokens"]
+    assert made.tokens is given["tokens"]

@@ -294,7 +294,6 @@ cdef class AttentionMetadata:
         for which nothing is recorded. The running totals stay in locals; the requests are
         borrowed (the writer holds the batch, and nothing here runs Python code)."""
         cdef PyObject* request
-        cdef PyObject* tables
         cdef PyObject* table
         cdef PyObject* buffer
         cdef GroupSpec* spec = &self.groups[self.num_planned]
@@ -316,10 +315,9 @@ cdef class AttentionMetadata:
             plan_stamp = self.rows.plan_stamp
         while index < end:
             request = items[index]
-            tables = <PyObject*>(<Request>request)._block_tables
-            if borrowed_tuple_size(tables) != 1:
+            if (<Request>request)._num_groups != 1:
                 break
-            table = borrowed_tuple_item(tables, 0)
+            table = <PyObject*>(<Request>request)._table0  # the tables tuple's only item
             if <void*>table.ob_type != <void*>BlockTable:
                 break
             buffer = <PyObject*>(<BlockTable>table)._buffer

@@ -97,12 +97,6 @@ cdef class DeviceTableRows:
         memset(self.row_stamps, 0, self.max_slots * self.num_groups * sizeof(int64_t))
 
 
-cdef extern from "Python.h":
-    # borrowed access to a tuple the caller holds (no reference counts written)
-    Py_ssize_t borrowed_tuple_size "PyTuple_GET_SIZE"(PyObject* tuple) nogil
-    PyObject* borrowed_tuple_item "PyTuple_GET_ITEM"(PyObject* tuple, Py_ssize_t index) nogil
-
-
 cdef inline Py_ssize_t plan_row_delta(GroupSpec* spec, PyObject* buffer, const int64_t* row_stamps,
                                       const Py_ssize_t* row_lengths, const Py_ssize_t* row_released,
                                       Py_ssize_t row) noexcept:

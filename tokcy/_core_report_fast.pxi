@@ -100,8 +100,7 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
                 or slot.stamp == stamp or slot.num_pauses != (<Request>item)._num_pauses
                 or (<Request>item)._state_code == 2):
             break
-        tables = <PyObject*>(<Request>item)._block_tables
-        num_groups = tuple_size(tables)
+        num_groups = (<Request>item)._num_groups
         if num_groups != slot.num_groups or num_groups > room:
             break
         tokens = <PyObject*>(<Request>item)._beam0
@@ -113,9 +112,10 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
         if begin < 0 or size > (<Int32Buffer>tokens).capacity:
             break
         slot_blocks = blocks_of(slot)
-        if num_groups == 1:  # the common layout, without a loop's set-up
-            new_blocks = plan_fast_segment(tuple_item(tables, 0), slot_blocks[0], parts)
+        if num_groups == 1:  # the common layout, without a loop's set-up (nor the tuple)
+            new_blocks = plan_fast_segment(<PyObject*>(<Request>item)._table0, slot_blocks[0], parts)
         else:
+            tables = <PyObject*>(<Request>item)._block_tables
             new_blocks = 0
             for group in range(num_groups):
                 planned = plan_fast_segment(tuple_item(tables, group), slot_blocks[group], &parts[group])

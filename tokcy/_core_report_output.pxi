@@ -47,7 +47,8 @@ cdef inline Py_ssize_t int64_entries(Py_ssize_t batch, Py_ssize_t num_segments) 
 @cython.final
 @cython.auto_pickle(False)  # a SchedulerOutput pickles its columns, never this
 cdef class ReportColumns:
-    """The columns of one report, as slices of the arena's arrays (made by ``arrays()``)."""
+    """The columns of one report, as slices of the arena's arrays, each made on its first
+    read (a SchedulerOutput's column reads it here) and kept."""
 
     cdef object int64_array
     cdef object int32_array
@@ -56,26 +57,94 @@ cdef class ReportColumns:
     cdef Py_ssize_t num_segments
     cdef Py_ssize_t num_tokens
     cdef Py_ssize_t num_blocks
+    cdef list made                     # the columns made so far, by COLUMNS index (None: not yet)
+
+    cdef object column(self, Py_ssize_t index):
+        """Column ``index`` (COLUMNS' order): made on the first read, in ReportColumns' layout."""
+        cdef Py_ssize_t b = self.batch, s = self.num_segments, t = self.num_tokens
+        if self.made is None:
+            self.made = [None] * 12
+        column = self.made[index]
+        if column is not None:
+            return column
+        if index == 0:
+            column = self.int64_array[0:b]
+        elif index == 1:
+            column = self.bool_array[0:b]
+        elif index == 2:
+            column = self.int64_array[b : 2 * b]
+        elif index == 3:
+            column = self.int64_array[2 * b : 3 * b]
+        elif index == 4:
+            column = self.int64_array[3 * b : 4 * b]
+        elif index == 5:
+            column = self.int64_array[4 * b : 5 * b + 1]
+        elif index == 6:
+            column = self.int32_array[0:t]
+        elif index == 7:
+            column = self.int64_array[5 * b + 1 : 6 * b + 2]
+        elif index == 8:
+            column = self.int64_array[6 * b + 2 : 6 * b + 3 + s]
+        elif index == 9:
+            column = self.int32_array[t : t + self.num_blocks]
+        elif index == 10:
+            column = self.int64_array[6 * b + 3 + s : 6 * b + 3 + 2 * s]
+        else:
+            column = self.int64_array[6 * b + 3 + 2 * s : 6 * b + 3 + 3 * s]
+        self.made[index] = column
+        return column
 
     def arrays(self):
-        """The twelve columns in ``SchedulerOutput``'s order (new slices on every call)."""
-        cdef Py_ssize_t b = self.batch, s = self.num_segments, t = self.num_tokens
-        wide = self.int64_array
-        narrow = self.int32_array
-        return (
-            wide[0:b],
-            self.bool_array[0:b],
-            wide[b : 2 * b],
-            wide[2 * b : 3 * b],
-            wide[3 * b : 4 * b],
-            wide[4 * b : 5 * b + 1],
-            narrow[0:t],
-            wide[5 * b + 1 : 6 * b + 2],
-            wide[6 * b + 2 : 6 * b + 3 + s],
-            narrow[t : t + self.num_blocks],
-            wide[6 * b + 3 + s : 6 * b + 3 + 2 * s],
-            wide[6 * b + 3 + 2 * s : 6 * b + 3 + 3 * s],
-        )
+        """The twelve columns in ``SchedulerOutput``'s order (made once, on their first read)."""
+        return tuple([self.column(index) for index in range(12)])
+
+    @property
+    def request_ids(self):
+        return self.column(0)
+
+    @property
+    def is_new(self):
+        return self.column(1)
+
+    @property
+    def computed_positions(self):
+        return self.column(2)
+
+    @property
+    def num_scheduled_tokens(self):
+        return self.column(3)
+
+    @property
+    def num_replaced_tokens(self):
+        return self.column(4)
+
+    @property
+    def token_offsets(self):
+        return self.column(5)
+
+    @property
+    def tokens(self):
+        return self.column(6)
+
+    @property
+    def group_offsets(self):
+        return self.column(7)
+
+    @property
+    def block_offsets(self):
+        return self.column(8)
+
+    @property
+    def block_ids(self):
+        return self.column(9)
+
+    @property
+    def num_replaced_blocks(self):
+        return self.column(10)
+
+    @property
+    def num_released_blocks(self):
+        return self.column(11)
 
 
 cdef inline bint same_kind(const char* format, char format_code) noexcept:

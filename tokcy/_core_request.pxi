@@ -22,21 +22,24 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     chunked-prefill cursor, draft tokens and one ``BlockTable`` per layer group."""
 
     # The fields the hot loops read come first, together: a batch touches one or two cache
-    # lines per request (C keeps the declaration order).
+    # lines per request (C keeps the declaration order); the connector's fields end at
+    # _table0, so its row reads one line or two, and never the tables tuple for one group.
     cdef int64_t _request_id
     cdef int _state_code             # int(_state), readable without the GIL
-    cdef Py_ssize_t _beam_width
+    cdef int _num_groups             # len(_block_tables)
     cdef Int32Buffer _beam0          # _beams[0], for the hot loops
     cdef Int32Buffer _draft_tokens   # NO_DRAFTS (shared, never mutated) when there are none
+    # the connector's report slot for this request, a hint only: a ReportState uses it when
+    # its slot of that number is live and holds this request id (else it probes its table)
+    cdef Py_ssize_t _report_slot
+    cdef Py_ssize_t _num_pauses      # bumped by pause(): the connector then reports anew
+    cdef BlockTable _table0          # _block_tables[0] (None before __init__)
+    cdef Py_ssize_t _beam_width
     cdef Py_ssize_t _prompt_len
     cdef int64_t _seq_slot           # NO_SLOT for None
     cdef Py_ssize_t _context_position
     cdef Py_ssize_t _chunk_size
-    cdef tuple _block_tables
-    cdef Py_ssize_t _num_pauses      # bumped by pause(): the connector then reports anew
-    # the connector's report slot for this request, a hint only: a ReportState uses it when
-    # its slot of that number is live and holds this request id (else it probes its table)
-    cdef Py_ssize_t _report_slot
+    cdef tuple _block_tables         # set only by _set_block_tables (with _num_groups, _table0)
     cdef list _beams                 # Int32Buffer per beam
     cdef Py_ssize_t _orig_prompt_len
     cdef int64_t _max_new_tokens     # NO_LIMIT for None
@@ -53,7 +56,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._seq_slot = NO_SLOT
         self._max_new_tokens = NO_LIMIT
         self._draft_tokens = NO_DRAFTS
-        self._block_tables = ()
+        self._set_block_tables(())
         self._report_slot = -1
 
     @cython.embedsignature(False)  # the class docstring carries the signature for inspect/help
@@ -79,8 +82,14 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._state_code = 0
         self._seq_slot = NO_SLOT
         self._draft_tokens = NO_DRAFTS
-        self._block_tables = tuple(BlockTable() for _ in range(num_layer_groups))
+        self._set_block_tables(tuple(BlockTable() for _ in range(num_layer_groups)))
         self._num_pauses = 0
+
+    cdef inline void _set_block_tables(self, tuple tables):
+        # the hot loops read group 0 and the count from the request itself
+        self._block_tables = tables
+        self._num_groups = len(tables)
+        self._table0 = tables[0] if tables else None
 
     # ----------------------------------------------------------------- pickling, repr
     def _state_dict(self):
@@ -125,7 +134,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._context_position = state["context_current_position"]
         self._chunk_size = state["context_chunk_size"]
         self._draft_tokens = Int32Buffer(state["draft_tokens"]) if len(state["draft_tokens"]) else NO_DRAFTS
-        self._block_tables = tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"])
+        self._set_block_tables(tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"]))
         self._num_pauses = state["num_pauses"]
         if state["dict"]:
             self.__dict__.update(state["dict"])

@@ -1,13 +1,19 @@
 """What both backends' ``RequestData`` rows share: the field list, ``as_dict``, equality,
 ``repr`` and pickling, written once in terms of the fields each backend reads."""
 
+from collections import namedtuple
+
 import numpy as np
 
-COLUMNS = (
+_GivenColumns = namedtuple("_GivenColumns", (
     "request_ids", "is_new", "computed_positions", "num_scheduled_tokens", "num_replaced_tokens", "token_offsets",
     "tokens", "group_offsets", "block_offsets", "block_ids", "num_replaced_blocks", "num_released_blocks",
-)
+))
+COLUMNS = _GivenColumns._fields
 """``SchedulerOutput``'s columns, in the order of its constructor's arguments."""
+
+_GivenColumns.__doc__ = """The columns of a ``SchedulerOutput`` made by hand, as given (a manager's
+report holds its backend's ``ReportColumns`` instead): both are read by column name."""
 
 FIELDS = (
     "request_id", "is_new", "new_tokens", "new_block_ids_by_group", "computed_position", "num_scheduled_tokens",

@@ -6,6 +6,7 @@ group every 32 tokens; then the iteration is reported. The timed call is the rep
 before every sample. Implementations:
 
 * ``tokcy``: ``SchedulerOutputManager.build_scheduler_output`` (columnar output);
+* ``tokcy+columns``: the same, then its twelve columns read (the batch grid only);
 * ``tokcy+RequestData``: the same, then every ``RequestData`` of the report made;
 * ``tokcy+fields``: and each row's ``new_tokens`` and ``new_block_ids`` read (what a
   per-request consumer that reads two fields pays; the batch grid only);
@@ -105,7 +106,7 @@ class ConnectorSequenceLength(_SteadyDecode):
 class ConnectorBatch(_SteadyDecode):
     """B requests of 2,048 tokens: the cost per request, beside FloorReport.track_batch."""
 
-    params = (BACKENDS, BATCHES, ["tokcy", "tokcy+RequestData", "tokcy+fields", "after"])
+    params = (BACKENDS, BATCHES, ["tokcy", "tokcy+columns", "tokcy+RequestData", "tokcy+fields", "after"])
     param_names = ["backend", "requests", "implementation"]
 
     def setup(self, backend, num_requests, implementation):

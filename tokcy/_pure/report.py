@@ -48,7 +48,6 @@ from tokcy._tokens import as_index
 __all__ = ["ReportColumns", "ReportState"]
 
 _FINISHED = RequestState.GENERATION_COMPLETE
-_new_tuple = tuple.__new__
 
 
 def _lowest(a, b, c):
@@ -205,8 +204,8 @@ class ReportState:
             slot.reported = True
             slot.num_blocks = block_ends
         narrow = _join(pieces, num_tokens + num_blocks, self._num_allocations) if sliced else pieces
-        return _new_tuple(ReportColumns, (wide, narrow, is_new_flags, len(commits), num_segments, num_tokens,
-                                          num_blocks, self._num_allocations))
+        return ReportColumns((wide, narrow, is_new_flags, len(commits), num_segments, num_tokens, num_blocks,
+                              self._num_allocations))
 
     def record_matched_tokens(self, request_id, num_tokens):
         request_id = as_index(request_id, "request_id")
@@ -280,24 +279,33 @@ def _join(pieces, size, allocations):
     return joined
 
 
-class ReportColumns(tuple):
-    """One report's columns in three parts, one per dtype, as the tuple ``(wide, narrow,
-    flags, batch, num_segments, num_tokens, num_blocks, allocations)``. ``wide``: the nine
-    int64 columns' lists (request ids, positions, scheduled and replaced tokens: one per
-    row; token and group offsets: one per row and one; block offsets: one per segment and
-    one; replaced and released blocks: one per segment), one after another in one array
-    once read; ``narrow``: the tokens then the block ids (an int32 array, or a list of
-    ints); ``flags``: ``is_new``. All are snapshots nothing else holds; ``arrays()`` makes
-    the arrays and slices them into SchedulerOutput's columns, in the layout the compiled
-    twin keeps in arrays it reuses. ``allocations``: the manager's count of the arrays made
-    for its reports, a one-item list that ``arrays()`` adds to. (A tuple: the cheapest
-    object to build once per call.)"""
+class ReportColumns:
+    """One report's columns, each an attribute of ``SchedulerOutput``'s name, made (all
+    twelve together) on the first read of any and kept. Made from ``parts``: ``(wide,
+    narrow, flags, batch, num_segments, num_tokens, num_blocks, allocations)``. ``wide``:
+    the nine int64 columns' lists (request ids, positions, scheduled and replaced tokens:
+    one per row; token and group offsets: one per row and one; block offsets: one per
+    segment and one; replaced and released blocks: one per segment), one after another in
+    one array once read; ``narrow``: the tokens then the block ids (an int32 array, or a
+    list of ints); ``flags``: ``is_new``. All are snapshots nothing else holds; the arrays
+    are sliced into the columns in the layout the compiled twin keeps in arrays it reuses.
+    ``allocations``: the manager's count of the arrays made for its reports, a one-item
+    list that making the arrays adds to."""
 
-    __slots__ = ()
+    __slots__ = ("_parts", "_columns")
+    def __init__(self, parts):
+        self._parts = parts
+        self._columns = None
 
     def arrays(self):
-        """The twelve columns in ``SchedulerOutput``'s order (new arrays on every call)."""
-        wide, narrow, flags, b, s, t, num_blocks, allocations = self
+        """The twelve columns in ``SchedulerOutput``'s order (made once, on their first read)."""
+        columns = self._columns
+        if columns is None:
+            columns = self._columns = self._made()
+        return columns
+
+    def _made(self):
+        wide, narrow, flags, b, s, t, num_blocks, allocations = self._parts
         wide = np.fromiter(chain.from_iterable(wide), dtype=np.int64, count=6 * b + 3 * s + 3)
         flags = np.array(flags, dtype=np.bool_)
         allocations[0] += 2
@@ -310,3 +318,52 @@ class ReportColumns(tuple):
             narrow[t : t + num_blocks], wide[6 * b + 3 + s : 6 * b + 3 + 2 * s],
             wide[6 * b + 3 + 2 * s : 6 * b + 3 + 3 * s],
         )
+
+    # each column by name (SchedulerOutput's read it), written out: stubtest reads only these
+    @property
+    def request_ids(self):
+        return self.arrays()[0]
+
+    @property
+    def is_new(self):
+        return self.arrays()[1]
+
+    @property
+    def computed_positions(self):
+        return self.arrays()[2]
+
+    @property
+    def num_scheduled_tokens(self):
+        return self.arrays()[3]
+
+    @property
+    def num_replaced_tokens(self):
+        return self.arrays()[4]
+
+    @property
+    def token_offsets(self):
+        return self.arrays()[5]
+
+    @property
+    def tokens(self):
+        return self.arrays()[6]
+
+    @property
+    def group_offsets(self):
+        return self.arrays()[7]
+
+    @property
+    def block_offsets(self):
+        return self.arrays()[8]
+
+    @property
+    def block_ids(self):
+        return self.arrays()[9]
+
+    @property
+    def num_replaced_blocks(self):
+        return self.arrays()[10]
+
+    @property
+    def num_released_blocks(self):
+        return self.arrays()[11]

@@ -14,7 +14,7 @@ from itertools import compress
 import numpy as np
 
 from tokcy import _request_data
-from tokcy._request_data import COLUMNS, MADE_BY_REPORT, OUTSIDE, READ_ONLY, column_copy
+from tokcy._request_data import COLUMNS, MADE_BY_REPORT, OUTSIDE, READ_ONLY, _GivenColumns, column_copy
 
 
 class RowColumns:
@@ -157,7 +157,7 @@ def request_rows(output):
     rows apart (three new lists). The columns of an output made by hand are copied and
     checked first: each row's offsets must lie inside them (ValueError naming the first
     row that does not); a manager's rows check each offset when they read it."""
-    made_by_hand = type(output._source) is tuple
+    made_by_hand = type(output._source) is _GivenColumns
     columns = RowColumns(output, made_by_hand)
     if made_by_hand:
         _check_layout(columns)

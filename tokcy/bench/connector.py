@@ -10,6 +10,8 @@ Implementations:
   ``new_requests`` and ``cached_requests`` lists; a row reads its fields on demand);
 * ``tokcy+fields``: the same, then every row's ``new_tokens`` and ``new_block_ids`` read
   too (what a per-request consumer that reads two fields pays);
+* ``tokcy+columns``: ``build_scheduler_output``, then its twelve columns read (what a
+  columnar consumer pays to hold every array the floor writes);
 * ``before``: TensorRT-LLM before pull request #22092 (``get_tokens(0)`` whole list per
   request, whole block list copied), ``tokcy._baselines.connector.BeforeSchedulerOutputManager``;
 * ``after``: that pull request's fix (``get_num_tokens`` / ``get_tokens_range``, block list
@@ -23,8 +25,11 @@ equal to the reference before timing. ``tokcy.bench.connector_batch`` sweeps the
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
+from tokcy._request_data import COLUMNS
 from tokcy.bench import floor, goals
 from tokcy.bench.scenario import Row, Scenario
 from tokcy.bench.timing import Timing, measure
@@ -66,7 +71,10 @@ def read_request_fields(output):
         data.new_tokens, data.new_block_ids
 
 
-CONSUMERS = {"tokcy+RequestData": make_request_data, "tokcy+fields": read_request_fields}
+read_columns = attrgetter(*COLUMNS)
+"""What a columnar consumer does with a report: every column read once."""
+
+CONSUMERS = {"tokcy+RequestData": make_request_data, "tokcy+fields": read_request_fields, "tokcy+columns": read_columns}
 """What each ``tokcy+...`` implementation does with the report after it is built."""
 
 
@@ -78,6 +86,7 @@ def make_manager(name):
         "tokcy": SchedulerOutputManager,
         "tokcy+RequestData": SchedulerOutputManager,
         "tokcy+fields": SchedulerOutputManager,
+        "tokcy+columns": SchedulerOutputManager,
         "before": baselines.BeforeSchedulerOutputManager,
         "after": baselines.AfterSchedulerOutputManager,
     }[name]()
@@ -173,11 +182,11 @@ class Connector(Scenario):
     name = "connector"
     title = "Connector: scheduler output in steady decode (requests x tokens), per iteration"
     columns = (("requests", "requests"), ("tokens", "tokens each"))
-    implementations = ("tokcy", "tokcy+RequestData", "tokcy+fields", "before", "after", "floor")
+    implementations = ("tokcy", "tokcy+columns", "tokcy+RequestData", "tokcy+fields", "before", "after", "floor")
     needs = ("tokcy.connector", "tokcy._baselines.connector")
     legend = (
-        "tokcy: SchedulerOutputManager.build_scheduler_output (columnar, one pass in the backend); "
-        "tokcy+RequestData: the same, then every RequestData made; tokcy+fields: and each row's new_tokens and "
+        "tokcy: SchedulerOutputManager.build_scheduler_output (columnar, one pass in the backend); tokcy+columns: "
+        "the same, then its twelve columns read; tokcy+RequestData: the same, then every RequestData made; tokcy+fields: and each row's new_tokens and "
         "new_block_ids read",
         "before: TensorRT-LLM before pull request #22092 (get_tokens(0) whole list per request + whole block list); "
         "after: its fix (get_num_tokens/get_tokens_range, block list still copied)",

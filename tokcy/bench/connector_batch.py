@@ -20,10 +20,11 @@ class ConnectorBatch(BatchSweep):
     name = "connector_batch"
     title = f"Connector: scheduler output for B requests of {TOKENS:,} tokens in steady decode, per iteration"
     fixed = {"tokens": TOKENS}
-    implementations = ("tokcy", "tokcy+RequestData", "tokcy+fields", "after", "floor")
+    implementations = ("tokcy", "tokcy+columns", "tokcy+RequestData", "tokcy+fields", "after", "floor")
     needs = ("tokcy.connector", "tokcy._baselines.connector")
     legend = (
-        "tokcy: build_scheduler_output (columnar); tokcy+RequestData: then every RequestData made; tokcy+fields: and "
+        "tokcy: build_scheduler_output (columnar); tokcy+columns: then its twelve columns read; "
+        "tokcy+RequestData: then every RequestData made; tokcy+fields: and "
         "each row's new_tokens and new_block_ids read; after: TensorRT-LLM pull request #22092's loop; floor: the "
         "same columns as plain C; tokcy/floor: the median over rounds of tokcy's round over the floor's, "
         "timed right after it",
@@ -32,7 +33,7 @@ class ConnectorBatch(BatchSweep):
     plot_xlabel = f"batch size B (requests of {TOKENS:,} tokens)"
 
     def run(self, config, backend, plan):
-        return run_row(config, backend, plan, ["tokcy", "tokcy+RequestData", "tokcy+fields", "after"])
+        return run_row(config, backend, plan, [name for name in self.implementations if name != "floor"])
 
     def goals(self, rows, backend):
         if backend == "python":

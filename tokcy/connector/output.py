@@ -4,7 +4,7 @@ import abc
 from operator import attrgetter
 
 from tokcy import _backend, _request_data
-from tokcy._request_data import COLUMNS
+from tokcy._request_data import COLUMNS, _GivenColumns
 
 
 class SchedulerOutput:
@@ -23,7 +23,7 @@ class SchedulerOutput:
     The arrays are this report's own: nothing writes to them after the call, for as long
     as anyone holds the output, a column or a view of one. (The compiled backend writes a
     report into arrays it keeps, reusing them for a later report only once nothing
-    references them any more; it makes the column arrays on their first read.) The
+    references them any more; it makes each column array on its first read.) The
     attributes are read-only: a column cannot be replaced (its values can be written, and
     a manager's report's rows then read the new values, checked).
 
@@ -31,8 +31,10 @@ class SchedulerOutput:
     access; ``num_context_requests`` rows come first.
     """
 
-    # each public attribute is a read-only property over a private slot (made below the class)
-    __slots__ = ("_num_context_requests", *(f"_{name}" for name in COLUMNS), "_source", "_rows", "__weakref__")
+    # each column is a read-only property reading the same name of _source (made below the
+    # class): a manager's report (its backend's ReportColumns, which makes each column on
+    # its first read) or the columns given to __init__ (a _GivenColumns); all in C
+    __slots__ = ("_num_context_requests", "_source", "_rows", "__weakref__")
 
     def __init__(
         self,
@@ -52,20 +54,10 @@ class SchedulerOutput:
     ):
         self._num_context_requests = num_context_requests
         self._rows = None
-        self._source = (
+        self._source = _GivenColumns(
             request_ids, is_new, computed_positions, num_scheduled_tokens, num_replaced_tokens, token_offsets, tokens,
             group_offsets, block_offsets, block_ids, num_replaced_blocks, num_released_blocks,
         )
-
-    def __getattr__(self, name):
-        # reached only for a column's slot not set yet: all are set from the backend's
-        # report on the first read of any
-        if name in _COLUMN_SLOTS:
-            source = self._source
-            for column, array in zip(_COLUMN_SLOTS.values(), source if type(source) is tuple else source.arrays()):
-                column.__set__(self, array)
-            return _COLUMN_SLOTS[name].__get__(self)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __reduce__(self):
         return type(self), (self.num_context_requests, *(getattr(self, name) for name in COLUMNS))
@@ -119,15 +111,15 @@ class SchedulerOutput:
         )
 
 
-for _name in ("num_context_requests", *COLUMNS):  # read-only: a C getter over the slot, no setter
-    setattr(SchedulerOutput, _name, property(attrgetter(f"_{_name}")))
-_COLUMN_SLOTS = {f"_{name}": SchedulerOutput.__dict__[f"_{name}"] for name in COLUMNS}  # slot name -> descriptor
+SchedulerOutput.num_context_requests = property(attrgetter("_num_context_requests"))
+for _name in COLUMNS:  # read-only: a C getter, no setter
+    setattr(SchedulerOutput, _name, property(attrgetter(f"_source.{_name}")))
 _new_object = object.__new__
 
 
 def from_report(report):
     """The ``SchedulerOutput`` of a backend's ``ReportState.build`` result: (number of
-    context rows, the columns: a tuple of arrays, or an object whose ``arrays()`` makes them)."""
+    context rows, the report's ``ReportColumns``, whose attributes are the columns)."""
     output = _new_object(SchedulerOutput)
     output._num_context_requests, output._source = report
     output._rows = None

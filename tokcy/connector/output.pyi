@@ -8,7 +8,7 @@ import numpy.typing as npt
 COLUMNS: tuple[str, ...]
 
 class SchedulerOutput:
-    # read-only: each a property over a private slot
+    # read-only properties; a column reads the report's own (made on its first read) or the one given
     @property
     def num_context_requests(self) -> int: ...
     @property
