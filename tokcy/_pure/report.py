@@ -293,6 +293,7 @@ class ReportColumns:
     list that making the arrays adds to."""
 
     __slots__ = ("_parts", "_columns")
+
     def __init__(self, parts):
         self._parts = parts
         self._columns = None
