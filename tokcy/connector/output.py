@@ -33,7 +33,7 @@ class SchedulerOutput:
 
     # each column is a read-only property reading the same name of _source (made below the
     # class): a manager's report (its backend's ReportColumns, which makes each column on
-    # its first read) or the columns given to __init__ (a _GivenColumns); all in C
+    # its first read) or the columns given to __init__ (a _GivenColumns); no __getattr__
     __slots__ = ("_num_context_requests", "_source", "_rows", "__weakref__")
 
     def __init__(
