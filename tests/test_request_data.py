@@ -515,8 +515,11 @@ def test_a_collection_while_the_rows_are_made_sees_no_half_filled_list(backend):
     gc.enable()
     kept = []  # each call's lists kept, so that the collector's count grows and it runs inside every call
     try:
-        for _ in range(5):
-            kept.append(backend.request_rows(output))
+        for _ in range(20):  # until a collection has run inside a call (rarely not within the first 5)
+            for _ in range(5):
+                kept.append(backend.request_rows(output))
+            if "RequestData" in seen:
+                break
     finally:
         gc.set_threshold(*threshold)
         gc.callbacks.remove(read_lists)
