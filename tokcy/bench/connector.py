@@ -186,8 +186,8 @@ class Connector(Scenario):
     needs = ("tokcy.connector", "tokcy._baselines.connector")
     legend = (
         "tokcy: SchedulerOutputManager.build_scheduler_output (columnar, one pass in the backend); tokcy+columns: "
-        "the same, then its twelve columns read; tokcy+RequestData: the same, then every RequestData made; tokcy+fields: and each row's new_tokens and "
-        "new_block_ids read",
+        "the same, then its twelve columns read; tokcy+RequestData: the same, then every RequestData made; "
+        "tokcy+fields: and each row's new_tokens and new_block_ids read",
         "before: TensorRT-LLM before pull request #22092 (get_tokens(0) whole list per request + whole block list); "
         "after: its fix (get_num_tokens/get_tokens_range, block list still copied)",
         "floor: the same columns as plain C over C arrays, timed in C; tokcy/floor: the median over rounds of "
