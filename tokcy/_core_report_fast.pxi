@@ -201,20 +201,22 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
 cdef void find_direct_output(DirectOutput* out, OutputArena arena, Py_ssize_t batch) noexcept:
     """Where the fast plan writes its rows of a report of ``batch`` rows: the arena's
     arrays found reusable (``arena.inspect()``, before the plan), when they hold the
-    per-row columns (ReportColumns' layout, as write_report's); else nowhere
+    per-row columns (wide_layout's places); else nowhere
     (``out.request_ids`` NULL). Nothing but the arena references them, so nothing can see
     what a failed call leaves in them."""
     cdef int64_t* wide = <int64_t*>arena.wide.data
+    # the per-row columns lie before block_offsets whatever the segments (none known yet)
+    cdef WideLayout at = wide_layout(batch, 0)
     memset(out, 0, sizeof(DirectOutput))
-    if (wide == NULL or arena.wide.capacity < 6 * batch + 2 or arena.narrow.data == NULL
+    if (wide == NULL or arena.wide.capacity < at.start[WIDE_BLOCK_OFFSETS] or arena.narrow.data == NULL
             or arena.flags.data == NULL or arena.flags.capacity < batch):
         return
-    out.request_ids = wide
-    out.positions = wide + batch
-    out.scheduled = wide + 2 * batch
-    out.replaced_tokens = wide + 3 * batch
-    out.token_ends = wide + 4 * batch + 1
-    out.group_ends = wide + 5 * batch + 2
+    out.request_ids = wide + at.start[WIDE_REQUEST_IDS]
+    out.positions = wide + at.start[WIDE_POSITIONS]
+    out.scheduled = wide + at.start[WIDE_SCHEDULED]
+    out.replaced_tokens = wide + at.start[WIDE_REPLACED_TOKENS]
+    out.token_ends = wide + at.start[WIDE_TOKEN_OFFSETS] + 1
+    out.group_ends = wide + at.start[WIDE_GROUP_OFFSETS] + 1
     out.is_new = <unsigned char*>arena.flags.data
     out.tokens = <int32_t*>arena.narrow.data
     out.token_capacity = arena.narrow.capacity
@@ -225,8 +227,8 @@ cdef void move_direct_rows(OutputArena arena, const DirectOutput* out, Py_ssize_
     into (``out``'s, still alive: build() holds them): copy what it wrote into the new
     ones (the per-row columns, and the tokens, which all lie in the first
     ``min(total_tokens, out.token_capacity)`` entries)."""
-    if arena.wide.data != <void*>out.request_ids:
-        memcpy(arena.wide.data, out.request_ids, (6 * batch + 2) * sizeof(int64_t))
+    if arena.wide.data != <void*>out.request_ids:  # the per-row columns (find_direct_output's)
+        memcpy(arena.wide.data, out.request_ids, wide_layout(batch, 0).start[WIDE_BLOCK_OFFSETS] * sizeof(int64_t))
     if arena.narrow.data != <void*>out.tokens:
         memcpy(arena.narrow.data, out.tokens, min(total_tokens, out.token_capacity) * sizeof(int32_t))
     if arena.flags.data != <void*>out.is_new:
@@ -254,7 +256,7 @@ cdef void write_report(
     Py_ssize_t total_tokens,
     Py_ssize_t total_blocks,
     Py_ssize_t num_direct,       # rows whose columns and tokens the fast plan wrote (RowJob.direct)
-    int64_t* wide,               # int64_entries(batch, num_segments) entries (ReportColumns' layout)
+    int64_t* wide,               # int64_entries(batch, num_segments) entries (wide_layout's)
     int32_t* narrow,             # the tokens, then the block ids
     unsigned char* is_new,       # batch entries
 ) noexcept nogil:
@@ -268,15 +270,16 @@ cdef void write_report(
     meanwhile may or may not show), but no memory is ever freed under this loop.
     """
     cdef Py_ssize_t row, group, count, segment, token_offset, block_offset = 0
-    cdef int64_t* request_ids = wide
-    cdef int64_t* positions = wide + batch
-    cdef int64_t* scheduled = wide + 2 * batch
-    cdef int64_t* replaced_tokens = wide + 3 * batch
-    cdef int64_t* token_offsets = wide + 4 * batch
-    cdef int64_t* group_offsets = wide + 5 * batch + 1
-    cdef int64_t* block_offsets = wide + 6 * batch + 2
-    cdef int64_t* replaced_blocks = wide + 6 * batch + 3 + num_segments
-    cdef int64_t* released_blocks = wide + 6 * batch + 3 + 2 * num_segments
+    cdef WideLayout at = wide_layout(batch, num_segments)
+    cdef int64_t* request_ids = wide + at.start[WIDE_REQUEST_IDS]
+    cdef int64_t* positions = wide + at.start[WIDE_POSITIONS]
+    cdef int64_t* scheduled = wide + at.start[WIDE_SCHEDULED]
+    cdef int64_t* replaced_tokens = wide + at.start[WIDE_REPLACED_TOKENS]
+    cdef int64_t* token_offsets = wide + at.start[WIDE_TOKEN_OFFSETS]
+    cdef int64_t* group_offsets = wide + at.start[WIDE_GROUP_OFFSETS]
+    cdef int64_t* block_offsets = wide + at.start[WIDE_BLOCK_OFFSETS]
+    cdef int64_t* replaced_blocks = wide + at.start[WIDE_REPLACED_BLOCKS]
+    cdef int64_t* released_blocks = wide + at.start[WIDE_RELEASED_BLOCKS]
     cdef int32_t* tokens = narrow
     cdef int32_t* block_ids = narrow + total_tokens
     cdef RowJob* job

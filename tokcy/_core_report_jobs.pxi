@@ -69,7 +69,7 @@ cdef struct SegmentJob:
 cdef struct DirectOutput:
     # The arena's arrays, found reusable before the plan, into which the fast plan writes
     # its rows' per-row columns and tokens at once: their places depend on the batch size
-    # alone (ReportColumns' layout; write_report's pointers). Block ids and block columns
+    # alone (wide_layout's places). Block ids and block columns
     # follow the tokens and the segments, whose totals are known only after the plan:
     # pass 2 writes those.
     int64_t* request_ids       # NULL: the fast plan writes its rows' jobs only

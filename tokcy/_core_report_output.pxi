@@ -37,11 +37,54 @@ cdef inline void claim_array(ArenaArray* array, Py_ssize_t needed) noexcept nogi
         array.data = NULL
 
 
+# The nine int64 columns, in the order they lie one after another in a report's int64
+# array (the per-row ones first, so that their places depend on the batch alone): the one
+# description of that layout, which every writer and reader of the array uses.
+cdef enum:
+    WIDE_REQUEST_IDS
+    WIDE_POSITIONS
+    WIDE_SCHEDULED
+    WIDE_REPLACED_TOKENS
+    WIDE_TOKEN_OFFSETS
+    WIDE_GROUP_OFFSETS
+    WIDE_BLOCK_OFFSETS
+    WIDE_REPLACED_BLOCKS
+    WIDE_RELEASED_BLOCKS
+    NUM_WIDE
+
+
+cdef struct WideLayout:
+    Py_ssize_t start[NUM_WIDE + 1]  # column k is [start[k], start[k + 1]); start[NUM_WIDE]: all entries
+
+
+cdef inline WideLayout wide_layout(Py_ssize_t batch, Py_ssize_t num_segments) noexcept nogil:
+    """Where each int64 column of a report of ``batch`` rows and ``num_segments``
+    segments lies: ``batch`` entries for a per-row column, ``num_segments`` for a
+    per-segment one, and one more for each of the three offset columns."""
+    cdef WideLayout at
+    cdef Py_ssize_t k, length
+    at.start[0] = 0
+    for k in range(NUM_WIDE):
+        if k < WIDE_TOKEN_OFFSETS:
+            length = batch
+        elif k < WIDE_BLOCK_OFFSETS:
+            length = batch + 1
+        elif k == WIDE_BLOCK_OFFSETS:
+            length = num_segments + 1
+        else:
+            length = num_segments
+        at.start[k + 1] = at.start[k] + length
+    return at
+
+
 cdef inline Py_ssize_t int64_entries(Py_ssize_t batch, Py_ssize_t num_segments) noexcept nogil:
-    """request_ids, positions, scheduled, replaced_tokens (batch each), token_offsets and
-    group_offsets (batch + 1 each), block_offsets (segments + 1), replaced and released
-    blocks (segments each), in that order."""
-    return 6 * batch + 3 * num_segments + 3
+    return wide_layout(batch, num_segments).start[NUM_WIDE]
+
+
+# COLUMNS' index of each int64 column -> its place in the int64 array (-1: another array)
+cdef Py_ssize_t WIDE_PLACE[12]
+WIDE_PLACE[:] = [WIDE_REQUEST_IDS, -1, WIDE_POSITIONS, WIDE_SCHEDULED, WIDE_REPLACED_TOKENS, WIDE_TOKEN_OFFSETS,
+                 -1, WIDE_GROUP_OFFSETS, WIDE_BLOCK_OFFSETS, -1, WIDE_REPLACED_BLOCKS, WIDE_RELEASED_BLOCKS]
 
 
 @cython.final
@@ -60,37 +103,24 @@ cdef class ReportColumns:
     cdef list made                     # the columns made so far, by COLUMNS index (None: not yet)
 
     cdef object column(self, Py_ssize_t index):
-        """Column ``index`` (COLUMNS' order): made on the first read, in ReportColumns' layout."""
-        cdef Py_ssize_t b = self.batch, s = self.num_segments, t = self.num_tokens
+        """Column ``index`` (COLUMNS' order): made on the first read (wide_layout's places)."""
+        cdef Py_ssize_t place
+        cdef WideLayout at
         if self.made is None:
             self.made = [None] * 12
         column = self.made[index]
         if column is not None:
             return column
-        if index == 0:
-            column = self.int64_array[0:b]
+        place = WIDE_PLACE[index]
+        if place >= 0:
+            at = wide_layout(self.batch, self.num_segments)
+            column = self.int64_array[at.start[place] : at.start[place + 1]]
         elif index == 1:
-            column = self.bool_array[0:b]
-        elif index == 2:
-            column = self.int64_array[b : 2 * b]
-        elif index == 3:
-            column = self.int64_array[2 * b : 3 * b]
-        elif index == 4:
-            column = self.int64_array[3 * b : 4 * b]
-        elif index == 5:
-            column = self.int64_array[4 * b : 5 * b + 1]
+            column = self.bool_array[0 : self.batch]
         elif index == 6:
-            column = self.int32_array[0:t]
-        elif index == 7:
-            column = self.int64_array[5 * b + 1 : 6 * b + 2]
-        elif index == 8:
-            column = self.int64_array[6 * b + 2 : 6 * b + 3 + s]
-        elif index == 9:
-            column = self.int32_array[t : t + self.num_blocks]
-        elif index == 10:
-            column = self.int64_array[6 * b + 3 + s : 6 * b + 3 + 2 * s]
-        else:
-            column = self.int64_array[6 * b + 3 + 2 * s : 6 * b + 3 + 3 * s]
+            column = self.int32_array[0 : self.num_tokens]
+        else:  # 9
+            column = self.int32_array[self.num_tokens : self.num_tokens + self.num_blocks]
         self.made[index] = column
         return column
 

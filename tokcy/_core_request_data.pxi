@@ -136,23 +136,24 @@ cdef class RowColumns:
     cdef int export_report(self, ReportColumns report) except -1:
         """Export a manager's report: its three arrays, the columns at ``arrays()``' places."""
         cdef Py_ssize_t b = report.batch, s = report.num_segments, num_wide, num_narrow, num_flags
+        cdef WideLayout at = wide_layout(b, s)
         self.resize_guards = (weakref.ref(report.int64_array), weakref.ref(report.int32_array),
                               weakref.ref(report.bool_array))  # first: nothing resizes them from here on
         cdef const int64_t* wide = <const int64_t*>self.export(report.int64_array, 8, b"i"[0], &num_wide)
         cdef const int32_t* narrow = <const int32_t*>self.export(report.int32_array, 4, b"i"[0], &num_narrow)
         self.is_new = <const unsigned char*>self.export(report.bool_array, 1, b"?"[0], &num_flags)
-        if num_wide < int64_entries(b, s) or num_narrow < report.num_tokens + report.num_blocks or num_flags < b:
+        if num_wide < at.start[NUM_WIDE] or num_narrow < report.num_tokens + report.num_blocks or num_flags < b:
             raise ValueError(_request_data.CHANGED)  # the arena sized them: someone reshaped one since
         self.batch = b
-        self.request_ids = wide
-        self.positions = wide + b
-        self.scheduled = wide + 2 * b
-        self.replaced_tokens = wide + 3 * b
-        self.token_offsets = wide + 4 * b
-        self.group_offsets = wide + 5 * b + 1
-        self.block_offsets = wide + 6 * b + 2
-        self.replaced_blocks = wide + 6 * b + 3 + s
-        self.released_blocks = wide + 6 * b + 3 + 2 * s
+        self.request_ids = wide + at.start[WIDE_REQUEST_IDS]
+        self.positions = wide + at.start[WIDE_POSITIONS]
+        self.scheduled = wide + at.start[WIDE_SCHEDULED]
+        self.replaced_tokens = wide + at.start[WIDE_REPLACED_TOKENS]
+        self.token_offsets = wide + at.start[WIDE_TOKEN_OFFSETS]
+        self.group_offsets = wide + at.start[WIDE_GROUP_OFFSETS]
+        self.block_offsets = wide + at.start[WIDE_BLOCK_OFFSETS]
+        self.replaced_blocks = wide + at.start[WIDE_REPLACED_BLOCKS]
+        self.released_blocks = wide + at.start[WIDE_RELEASED_BLOCKS]
         self.num_block_offsets = s + 1
         self.num_replaced_blocks = self.num_released_blocks = s
         self.tokens = narrow
