@@ -5,7 +5,7 @@ import pytest
 
 from executor_reference import make_request, reference
 from tokcy import RequestState, _backend, _pure
-from tokcy.executor import HostBuffers, prepare_inputs
+from tokcy.executor import ARRAY_FIELDS, HostBuffers, prepare_inputs
 
 IN_PROGRESS = RequestState.GENERATION_IN_PROGRESS
 
@@ -143,6 +143,19 @@ def test_fields_are_read_only_and_an_array_view_is_made_once_when_read(backend):
             setattr(inputs, name, None)
     with pytest.raises(AttributeError, match="no attribute 'not_a_field'"):
         inputs.not_a_field  # noqa: B018
+
+
+def test_a_holders_arrays_by_name_are_its_whole_arrays(backend):
+    """``HostBuffers.<name>`` is the full-capacity array (``arrays`` in ``ARRAY_FIELDS``
+    order), read-only as an attribute; any other name is an AttributeError."""
+    out = HostBuffers(32, 4, 2)
+    prepare_inputs([], [worked_example(backend)[2]], out=out)
+    assert all(getattr(out, name) is array for name, array in zip(ARRAY_FIELDS, out.arrays, strict=True))
+    assert out.input_ids.shape == (32,) and out.input_ids[0] == 306 and out.request_ids.dtype == np.int64
+    with pytest.raises(AttributeError):
+        out.input_ids = np.zeros(32, np.int32)
+    with pytest.raises(AttributeError, match="no attribute 'input_idz'"):
+        out.input_idz  # noqa: B018
 
 
 def test_empty_batch(backend):

@@ -37,6 +37,8 @@ def main() -> list[int]:
         assert_type(block_id, int)
 
     out = HostBuffers(max_num_tokens=64, max_batch_size=8)
+    assert_type(out.input_ids, npt.NDArray[np.int32])
+    assert_type(out.request_ids, npt.NDArray[np.int64])
     manager = SchedulerOutputManager()
     generated: list[int] = []
     while not request.reached_max_new_tokens:

@@ -283,7 +283,7 @@ class InputPreparer:
         host = prepare_into(self._host[slot], _backend.module, context_requests, generation_requests,
                             first_draft_requests, device_token_requests, self.max_draft_len, cuda_graph_batch_sizes,
                             self.block_sizes)
-        counts = host._counts  # read directly: the attributes go through __getattr__
+        counts = host._counts  # the counts tuple itself: one read instead of one property per count
         try:
             count = counts[10]  # device-token rows
             if count and int(host.device_token_slots.max()) >= previous.shape[0]:

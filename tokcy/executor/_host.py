@@ -233,13 +233,6 @@ class HostBuffers:
         self.metadata = metadata
         self._writers = {}
 
-    def __getattr__(self, name):
-        # the full-capacity arrays by name (holder.input_ids, ...)
-        try:
-            return self.arrays[ARRAY_FIELDS.index(name)]
-        except ValueError:
-            raise AttributeError(name) from None
-
     def __repr__(self):
         return (f"HostBuffers(max_num_tokens={self.max_num_tokens}, max_batch_size={self.max_batch_size}, "
                 f"max_draft_len={self.max_draft_len}, max_beam_width={self.max_beam_width})")
@@ -255,6 +248,21 @@ class HostBuffers:
                 writer.set_metadata(self.metadata.bound(module))
             self._writers[module] = writer
         return writer
+
+
+def _capacity_array_property(index, name):
+    def read(self):
+        return self.arrays[index]
+
+    read.__name__ = name
+    return property(read, doc=f"``{name}``: the whole array (its full capacity).")
+
+
+# the full-capacity arrays by name (holder.input_ids, ...), as properties: a __getattr__
+# would slow every other attribute read of a holder, and let any name type-check
+for _index, _name in enumerate(ARRAY_FIELDS):
+    setattr(HostBuffers, _name, _capacity_array_property(_index, _name))
+del _index, _name
 
 
 def prepare_inputs(context_requests, generation_requests, *, first_draft_requests=(), device_token_requests=(),
