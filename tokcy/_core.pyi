@@ -215,23 +215,10 @@ class AttentionMetadata:
 # and reuses for a later report only once nothing references them. While a build() runs
 # (its copy may run without the GIL), build / record_matched_tokens / reset_request /
 # request_finished raise RuntimeError. Error messages: tokcy/_report_checks.py.
-@final
-class ReportColumns:
-    def arrays(self) -> tuple[
-        npt.NDArray[np.int64],  # request_ids
-        npt.NDArray[np.bool_],  # is_new
-        npt.NDArray[np.int64],  # computed_positions
-        npt.NDArray[np.int64],  # num_scheduled_tokens
-        npt.NDArray[np.int64],  # num_replaced_tokens
-        npt.NDArray[np.int64],  # token_offsets
-        npt.NDArray[np.int32],  # tokens
-        npt.NDArray[np.int64],  # group_offsets
-        npt.NDArray[np.int64],  # block_offsets
-        npt.NDArray[np.int32],  # block_ids
-        npt.NDArray[np.int64],  # num_replaced_blocks
-        npt.NDArray[np.int64],  # num_released_blocks
-    ]: ...
-    # each column, made on its first read and kept
+
+# The twelve columns by name: a ReportColumns makes each on its first read and keeps it;
+# a tokcy.connector.SchedulerOutput reads its source's (stub only: each class has its own).
+class _ColumnsByName:
     @property
     def request_ids(self) -> npt.NDArray[np.int64]: ...
     @property
@@ -256,6 +243,23 @@ class ReportColumns:
     def num_replaced_blocks(self) -> npt.NDArray[np.int64]: ...
     @property
     def num_released_blocks(self) -> npt.NDArray[np.int64]: ...
+
+@final
+class ReportColumns(_ColumnsByName):
+    def arrays(self) -> tuple[
+        npt.NDArray[np.int64],  # request_ids
+        npt.NDArray[np.bool_],  # is_new
+        npt.NDArray[np.int64],  # computed_positions
+        npt.NDArray[np.int64],  # num_scheduled_tokens
+        npt.NDArray[np.int64],  # num_replaced_tokens
+        npt.NDArray[np.int64],  # token_offsets
+        npt.NDArray[np.int32],  # tokens
+        npt.NDArray[np.int64],  # group_offsets
+        npt.NDArray[np.int64],  # block_offsets
+        npt.NDArray[np.int32],  # block_ids
+        npt.NDArray[np.int64],  # num_replaced_blocks
+        npt.NDArray[np.int64],  # num_released_blocks
+    ]: ...
 
 # The RequestData rows of a SchedulerOutput (the fields are documented on
 # tokcy.connector.RequestData), made lazily: (every row, the new rows, the cached rows).

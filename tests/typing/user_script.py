@@ -50,6 +50,8 @@ def main() -> list[int]:
         assert_type(inputs.num_tokens, int)
         report = manager.build_scheduler_output(context, generation)
         assert_type(report, SchedulerOutput)
+        assert_type(report.tokens, npt.NDArray[np.int32])
+        assert_type(report.is_new, npt.NDArray[np.bool_])
         for data in report.new_requests + report.cached_requests:
             assert_type(data, RequestData)
             assert_type(data.new_tokens, list[int])
