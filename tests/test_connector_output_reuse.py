@@ -24,6 +24,24 @@ def is_compiled(backend):
     return backend.__name__ == "tokcy._core"
 
 
+@pytest.fixture
+def array_reads(backend):
+    """The ways the compiled arena checks its arrays (by their fields, or through numpy's
+    buffer export) to run a test under, each in turn; the twin has one way (None)."""
+    if not is_compiled(backend):
+        yield [None]
+        return
+    before = backend._array_reads()
+    yield ["fields", "export"]
+    backend._array_reads(before)
+
+
+def use(backend, mode):
+    if mode is not None:
+        backend._array_reads(mode)
+        assert backend._array_reads() == mode
+
+
 def columns(output):
     return {name: getattr(output, name).tolist() for name in COLUMNS}
 
@@ -70,16 +88,18 @@ def test_held_reports_columns_views_and_exports_never_change(backend):
     assert step(manager, [b, a], 40).tokens.tolist() == [40, 40]
 
 
-def test_steady_decode_allocates_nothing_once_warm(backend):
-    manager, requests = decoding(backend, 4)
-    step(manager, requests, 1)  # the first decode report: sized for decode from now on
-    before = manager._state.num_output_allocations
-    for token in range(2, 22):
-        output = step(manager, requests, token)
-        assert output.tokens.tolist() == [token] * 4
-        del output
-    # the twin makes each read report's three arrays (int64, bool, and int32 from its list of ints)
-    assert manager._state.num_output_allocations - before == (0 if is_compiled(backend) else 3 * 20)
+def test_steady_decode_allocates_nothing_once_warm(backend, array_reads):
+    for mode in array_reads:
+        use(backend, mode)
+        manager, requests = decoding(backend, 4)
+        step(manager, requests, 1)  # the first decode report: sized for decode from now on
+        before = manager._state.num_output_allocations
+        for token in range(2, 22):
+            output = step(manager, requests, token)
+            assert output.tokens.tolist() == [token] * 4
+            del output
+        # the twin makes each read report's three arrays (int64, bool, and int32 from its list of ints)
+        assert manager._state.num_output_allocations - before == (0 if is_compiled(backend) else 3 * 20)
 
 
 def test_a_held_column_costs_the_next_report_its_own_array_only(backend):
@@ -131,24 +151,46 @@ TAMPERINGS = {
     "read-only": lambda array: setattr(array.flags, "writeable", False),
     "other dtype": lambda array: setattr(array, "dtype", np.uint32),
     "two-dimensional": lambda array: setattr(array, "shape", (1, array.size)),
+    "shrunk": lambda array: array.resize(2, refcheck=False),  # too small now for three tokens
 }
 
 
 @pytest.mark.parametrize("tampering", sorted(TAMPERINGS))
-def test_an_array_changed_through_a_columns_base_is_never_reused(backend, tampering):
-    manager, requests = decoding(backend, 3)
-    step(manager, requests, 1)
-    output = step(manager, requests, 2)
-    owner = output.tokens.base
-    del output
-    if owner is not None:
-        TAMPERINGS[tampering](owner)
-        del owner
-    before = manager._state.num_output_allocations
-    output = step(manager, requests, 3)
-    assert output.tokens.tolist() == [3, 3, 3] and output.tokens.flags.writeable
-    assert output.tokens.dtype == np.int32 and output.tokens.ndim == 1
-    assert manager._state.num_output_allocations - before == (1 if is_compiled(backend) else 3)
+def test_an_array_changed_through_a_columns_base_is_never_reused(backend, tampering, array_reads):
+    for mode in array_reads:
+        use(backend, mode)
+        manager, requests = decoding(backend, 3)
+        step(manager, requests, 1)
+        output = step(manager, requests, 2)
+        owner = output.tokens.base
+        del output
+        if owner is not None:
+            TAMPERINGS[tampering](owner)
+            del owner
+        before = manager._state.num_output_allocations
+        output = step(manager, requests, 3)
+        assert output.tokens.tolist() == [3, 3, 3] and output.tokens.flags.writeable
+        assert output.tokens.dtype == np.int32 and output.tokens.ndim == 1
+        assert manager._state.num_output_allocations - before == (1 if is_compiled(backend) else 3)
+
+
+def test_an_array_grown_through_a_columns_base_is_reused_where_it_now_lies(backend, array_reads):
+    """numpy moves a resized array's entries: the arena writes where they are now."""
+    for mode in array_reads:
+        use(backend, mode)
+        manager, requests = decoding(backend, 3)
+        step(manager, requests, 1)
+        output = step(manager, requests, 2)
+        owner = output.tokens.base
+        del output
+        if owner is not None:
+            owner.resize(owner.size + 1000, refcheck=False)
+            del owner
+        before = manager._state.num_output_allocations
+        output = step(manager, requests, 3)
+        assert output.tokens.tolist() == [3, 3, 3]
+        assert manager._state.num_output_allocations - before == (0 if is_compiled(backend) else 3)
+        assert columns(step(manager, requests, 4))["tokens"] == [4, 4, 4]
 
 
 def test_a_failed_call_leaves_held_and_later_reports_right(backend):

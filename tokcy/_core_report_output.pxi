@@ -7,11 +7,12 @@
 # and reuses it for the next report only when nothing else references it any more (its
 # reference count is the arena's own: no output, column, view or buffer export of it is
 # alive anywhere, since each of those holds a reference to it), and when it still is the
-# writable, 1-D, contiguous array of its dtype the arena made (a user can reach it through
-# a column's ``base`` and change it). So a report's arrays stay valid, and never change,
-# for as long as anyone holds them; a report kept alive only costs the next call a fresh
-# allocation. The check runs before the report's plan (numpy's buffer export may run
-# Python code when it refuses); after the plan only sizes are compared, in C, so a report
+# writable, aligned, 1-D, contiguous array of its dtype the arena made (a user can reach it
+# through a column's ``base`` and change it). So a report's arrays stay valid, and never
+# change, for as long as anyone holds them; a report kept alive only costs the next call a
+# fresh allocation. The check runs before the report's plan (it reads the array's fields,
+# or, where those cannot be trusted, numpy's buffer export, which may run Python code when
+# it refuses); after the plan only sizes are compared, in C, so a report
 # into kept arrays runs no Python code from its first read of a request to its last write.
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release
@@ -189,16 +190,64 @@ cdef inline bint same_kind(const char* format, char format_code) noexcept:
     return format[0] in b"bhilq"
 
 
-cdef void* reusable_data(PyObject* array, Py_ssize_t itemsize, char format_code, Py_ssize_t* capacity) noexcept:
-    """The entries of ``array`` (borrowed from its one holder), their number in
-    ``capacity``, if the arena may write into it: nothing else references it and it still
-    is a writable 1-D contiguous array of that item type; NULL otherwise (this may run
-    Python code: numpy raises, then the error is cleared)."""
+# numpy's array object, as far as the arena reads it: the leading fields of numpy's
+# PyArrayObject_fields. Every extension built against numpy's headers reads them in place
+# (PyArray_DATA, PyArray_NDIM, ... are inline field reads), so where they lie is part of
+# numpy's ABI, the same in 1.x and 2.x. The module compares them with numpy's own account
+# of a few arrays when it loads (array_fields_agree) and, should they ever disagree, reads
+# the arena's arrays through numpy's buffer export instead: the same answer, ~600
+# instructions an array (numpy builds a format string for each export) against ~20.
+cdef extern from *:
+    """
+    typedef struct {
+        PyObject_HEAD
+        char *data;
+        int nd;
+        Py_ssize_t *dimensions;
+        Py_ssize_t *strides;
+        PyObject *base;
+        PyObject *descr;
+        int flags;
+    } tokcy_array_fields;
+    """
+    ctypedef struct ArrayFields "tokcy_array_fields":
+        char* data
+        int nd
+        Py_ssize_t* dimensions
+        Py_ssize_t* strides
+        PyObject* descr
+        int flags
+
+cdef enum:  # numpy's NPY_ARRAY_* flag bits (ABI too), all three needed to write an array
+    ARRAY_C_CONTIGUOUS = 0x0001
+    ARRAY_ALIGNED = 0x0100
+    ARRAY_WRITEABLE = 0x0400
+    ARRAY_WRITABLE_FLAGS = ARRAY_C_CONTIGUOUS | ARRAY_ALIGNED | ARRAY_WRITEABLE
+
+# the dtypes of the arena's arrays, held here so that a dtype compared by identity can
+# never be another one at the same address
+cdef object INT64_DTYPE = np.dtype(np.int64)
+cdef object INT32_DTYPE = np.dtype(np.int32)
+cdef object BOOL_DTYPE = np.dtype(np.bool_)
+cdef object NDARRAY = np.ndarray
+
+
+cdef inline void* data_by_fields(PyObject* array, object dtype, Py_ssize_t itemsize, Py_ssize_t* capacity) noexcept:
+    """reusable_data's checks, on the array's fields (no Python code runs)."""
+    cdef ArrayFields* fields = <ArrayFields*>array
+    if (<void*>array.ob_type != <void*>NDARRAY or fields.descr != <PyObject*>dtype or fields.nd != 1
+            or fields.strides[0] != itemsize or (fields.flags & ARRAY_WRITABLE_FLAGS) != ARRAY_WRITABLE_FLAGS
+            or fields.data == NULL):
+        return NULL
+    capacity[0] = fields.dimensions[0]
+    return fields.data
+
+
+cdef void* data_by_export(PyObject* array, Py_ssize_t itemsize, char format_code, Py_ssize_t* capacity) noexcept:
+    """reusable_data's checks, through numpy's buffer export (this may run Python code:
+    numpy raises, then the error is cleared)."""
     cdef Py_buffer view
     cdef void* data = NULL
-    capacity[0] = 0
-    if array == <PyObject*>None or reference_count(array) != 1:
-        return NULL
     if get_buffer(array, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) != 0:
         PyErr_Clear()
         return NULL
@@ -208,6 +257,62 @@ cdef void* reusable_data(PyObject* array, Py_ssize_t itemsize, char format_code,
         capacity[0] = view.len // itemsize
     PyBuffer_Release(&view)
     return data
+
+
+cdef bint array_fields_agree():
+    """Whether ArrayFields reads what numpy reports of arrays of every kind the arena's
+    checks tell apart (each dtype; 1-D and 2-D; read-only; strided; Fortran order)."""
+    cdef ArrayFields* fields
+    cdef Py_ssize_t k
+    samples = []
+    for dtype in (INT64_DTYPE, INT32_DTYPE, BOOL_DTYPE):
+        samples += [np.empty(7, dtype=dtype), np.empty((2, 3), dtype=dtype), np.empty(9, dtype=dtype)[::2],
+                    np.empty((3, 2), dtype=dtype, order="F")]
+    samples[0].flags.writeable = False
+    for array in samples:
+        fields = <ArrayFields*><PyObject*>array
+        flags = array.flags
+        if (type(array) is not NDARRAY or fields.descr != <PyObject*>array.dtype
+                or <size_t>fields.data != array.__array_interface__["data"][0] or fields.nd != array.ndim
+                or bool(fields.flags & ARRAY_C_CONTIGUOUS) != flags.c_contiguous
+                or bool(fields.flags & ARRAY_ALIGNED) != flags.aligned
+                or bool(fields.flags & ARRAY_WRITEABLE) != flags.writeable):
+            return False
+        for k in range(fields.nd):
+            if fields.dimensions[k] != array.shape[k] or fields.strides[k] != array.strides[k]:
+                return False
+    return np.empty(1, dtype=np.int64).dtype is INT64_DTYPE  # the arena compares dtypes by identity
+
+
+# how the arena checks its arrays: through their fields where those read right (see
+# ArrayFields), else through numpy's buffer export; _array_reads switches it, for tests
+cdef bint READ_ARRAY_FIELDS = array_fields_agree()
+
+
+def _array_reads(mode=None):
+    """How the report's arena checks its arrays: "fields" or "export" (a test sets
+    ``mode`` to run both; "fields" only where they read right). Returns the mode before."""
+    global READ_ARRAY_FIELDS
+    before = "fields" if READ_ARRAY_FIELDS else "export"
+    if mode is not None:
+        if mode not in ("fields", "export"):
+            raise ValueError(f"mode must be 'fields' or 'export', not {mode!r}")
+        READ_ARRAY_FIELDS = mode == "fields" and array_fields_agree()
+    return before
+
+
+cdef void* reusable_data(PyObject* array, object dtype, Py_ssize_t itemsize, char format_code,
+                         Py_ssize_t* capacity) noexcept:
+    """The entries of ``array`` (borrowed from its one holder), their number in
+    ``capacity``, if the arena may write into it: nothing else references it and it still
+    is a writable, aligned, 1-D contiguous array of ``dtype``; NULL otherwise (this may
+    run Python code, in numpy's buffer export)."""
+    capacity[0] = 0
+    if array == <PyObject*>None or reference_count(array) != 1:
+        return NULL
+    if READ_ARRAY_FIELDS:
+        return data_by_fields(array, dtype, itemsize, capacity)
+    return data_by_export(array, itemsize, format_code, capacity)
 
 
 @cython.final
@@ -227,9 +332,9 @@ cdef class OutputArena:
         """Before a report's plan: find which kept arrays may be written (see
         ``reusable_data``). This may run Python code; from here to the end of the copy
         nothing but ``allocate`` does, so the arrays found stay as they are."""
-        self.wide.data = reusable_data(<PyObject*>self.int64_array, 8, b"i"[0], &self.wide.capacity)
-        self.narrow.data = reusable_data(<PyObject*>self.int32_array, 4, b"i"[0], &self.narrow.capacity)
-        self.flags.data = reusable_data(<PyObject*>self.bool_array, 1, b"?"[0], &self.flags.capacity)
+        self.wide.data = reusable_data(<PyObject*>self.int64_array, INT64_DTYPE, 8, b"i"[0], &self.wide.capacity)
+        self.narrow.data = reusable_data(<PyObject*>self.int32_array, INT32_DTYPE, 4, b"i"[0], &self.narrow.capacity)
+        self.flags.data = reusable_data(<PyObject*>self.bool_array, BOOL_DTYPE, 1, b"?"[0], &self.flags.capacity)
 
     cdef bint claim(self, Py_ssize_t num_wide, Py_ssize_t num_narrow, Py_ssize_t num_flags) noexcept nogil:
         """After the plan: keep each array ``inspect`` found if it is large enough and not
@@ -244,18 +349,18 @@ cdef class OutputArena:
         """Replace every array ``claim`` did not keep (this may run Python code: the
         garbage collector). The replaced arrays stay with whoever holds them."""
         if self.wide.data == NULL:
-            self.int64_array = self._new(&self.wide, np.int64, 8, b"i"[0], num_wide)
+            self.int64_array = self._new(&self.wide, INT64_DTYPE, 8, b"i"[0], num_wide)
         if self.narrow.data == NULL:
-            self.int32_array = self._new(&self.narrow, np.int32, 4, b"i"[0], num_narrow)
+            self.int32_array = self._new(&self.narrow, INT32_DTYPE, 4, b"i"[0], num_narrow)
         if self.flags.data == NULL:
-            self.bool_array = self._new(&self.flags, np.bool_, 1, b"?"[0], num_flags)
+            self.bool_array = self._new(&self.flags, BOOL_DTYPE, 1, b"?"[0], num_flags)
         return 0
 
     cdef object _new(self, ArenaArray* slot, object dtype, Py_ssize_t itemsize, char code, Py_ssize_t needed):
         array = np.empty(grown_capacity(0, needed + needed // 4), dtype=dtype)
         slot.data = NULL
         if reference_count(<PyObject*>array) == 1:  # a fresh array: held by this frame alone
-            slot.data = reusable_data(<PyObject*>array, itemsize, code, &slot.capacity)
+            slot.data = reusable_data(<PyObject*>array, dtype, itemsize, code, &slot.capacity)
         if slot.data == NULL or slot.capacity < needed:  # never: a fresh array fits; never write through NULL
             raise MemoryError("a report's output array could not be set up")
         self.num_allocations += 1
