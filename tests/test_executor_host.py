@@ -145,6 +145,36 @@ def test_fields_are_read_only_and_an_array_view_is_made_once_when_read(backend):
         inputs.not_a_field  # noqa: B018
 
 
+def test_a_step_into_a_holder_is_compiled_end_to_end_on_the_compiled_core(backend):
+    """Once a holder has its writer (made by its first call), a step with no block size is
+    compiled end to end when the compiled core is live and was chosen at import: no Python
+    function runs (counted with a profile hook), and it gives what the first call, through
+    the Python function, gave. Otherwise the Python function runs."""
+    import sys
+    import types
+
+    out = HostBuffers(32, 4, 2)
+    context, drafted, plain = worked_example(backend)
+    first = prepare_inputs([context], [plain, drafted], max_draft_len=2, out=out)
+    expected = {name: (value.tolist() if isinstance(value, np.ndarray) else value)
+                for name, value in first.asdict().items()}
+    calls = []
+    sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        second = prepare_inputs([context], [plain, drafted], max_draft_len=2, out=out)
+    finally:
+        sys.setprofile(None)
+    compiled_entry = not isinstance(prepare_inputs, types.FunctionType)  # the import chose the compiled core
+    if backend.__name__ == "tokcy._core" and compiled_entry:
+        assert calls == []
+    else:
+        assert "prepare_inputs" in calls and "prepare_into" in calls
+    assert second._views == [None] * 11 and second.input_ids.tolist() == expected["input_ids"]
+    assert {name: (value.tolist() if isinstance(value, np.ndarray) else value)
+            for name, value in second.asdict().items()} == expected
+    assert repr(second) == repr(first)
+
+
 def test_a_holders_arrays_by_name_are_its_whole_arrays(backend):
     """``HostBuffers.<name>`` is the full-capacity array (``arrays`` in ``ARRAY_FIELDS``
     order), read-only as an attribute; any other name is an AttributeError."""

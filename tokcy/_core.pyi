@@ -4,7 +4,8 @@ Every name here exists, with the same behaviour and the same exceptions, in the
 compiled core and in the pure-Python twin.
 """
 
-from typing import Any, ClassVar, Iterable, Iterator, Sequence, SupportsIndex, TypeAlias, final, overload
+from types import ModuleType
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence, SupportsIndex, TypeAlias, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -163,6 +164,11 @@ class InputWriter:
         max_beam_width: int,
         block_sizes: tuple[int, ...] | None = None,
     ) -> tuple[int, int, int, int, int, int, int, int, int, int, int]: ...
+
+def prepare_inputs_entry(
+    python_prepare_inputs: Callable[..., Any], host_buffers: type, prepared_inputs: type, backend_choice: ModuleType
+) -> Callable[..., Any]:
+    """Bind the compiled ``prepare_inputs`` (tokcy.executor's, on this backend) and return it."""
 
 # Attention metadata, written by InputWriter in the same pass when a call gives block
 # sizes (tokcy.executor is the public face; docs/attention.md the semantics).

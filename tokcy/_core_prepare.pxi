@@ -589,6 +589,11 @@ cdef class InputWriter:
         """plan() then write(), in one call, under one busy guard. ``block_sizes``: a tuple,
         one block size per layer group, to write the attention metadata too (``set_metadata``
         first)."""
+        return self._prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                             max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
+
+    cdef tuple _prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
+                        Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes):
         self._enter()
         try:
             self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,

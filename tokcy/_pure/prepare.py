@@ -17,7 +17,7 @@ from tokcy._pure.request import Request
 from tokcy._state import RequestState
 from tokcy._tokens import INT32_MAX, as_index
 
-__all__ = ["InputWriter"]
+__all__ = ["InputWriter", "prepare_inputs_entry"]
 
 _CONTEXT, _DRAFT, _FIRST_DRAFT, _PLAIN, _DEVICE = range(5)
 _SEQ_LEN = itemgetter(5)  # a spec's rows
@@ -342,3 +342,9 @@ class InputWriter:
             return self._write()
         finally:
             self._busy = False
+
+
+def prepare_inputs_entry(python_prepare_inputs, host_buffers, prepared_inputs, backend_choice):
+    """tokcy.executor's ``prepare_inputs`` on this backend: the Python function itself (the
+    compiled backend returns a compiled one that runs its common step in C)."""
+    return python_prepare_inputs

@@ -343,3 +343,8 @@ def prepare_into(out, module, context_requests, generation_requests, first_draft
         prepared._set_metadata(metadata, bound.results(), sizes_per_group)
     return prepared
 
+
+# the backend chosen at import gives the function users call: the compiled one runs the
+# common step (a HostBuffers, no block sizes) in C and hands every other call, and every
+# call while another backend is live, to the function above; the twin gives that function
+prepare_inputs = _backend.module.prepare_inputs_entry(prepare_inputs, HostBuffers, PreparedInputs, _backend)

@@ -1,0 +1,59 @@
+# tokcy.executor.prepare_inputs on the compiled backend: the common step (a HostBuffers, no
+# block sizes) in C, every other call handed to the Python function it stands in for
+# (tokcy/executor/_host.py, which binds it, see prepare_inputs_entry).
+#
+# Why compiled: a Python function with prepare_inputs' signature costs ~1,400 instructions
+# per call before its first line (CPython looks up each of its eight keyword-only
+# defaults in a dict), and the Python steps around the pass (prepare_into, the
+# PreparedInputs) cost twice that again; this function parses the same arguments in C.
+
+cdef object PYTHON_PREPARE_INPUTS = None  # tokcy.executor._host.prepare_inputs
+cdef object HOST_BUFFERS = None           # tokcy.executor.HostBuffers
+cdef object PREPARED_INPUTS = None        # tokcy.executor.PreparedInputs
+cdef object BACKEND_CHOICE = None         # tokcy._backend (whose .module is the live backend)
+cdef object THIS_MODULE = None            # tokcy._core
+cdef object new_object = object.__new__   # an instance without its __init__ call
+
+
+def prepare_inputs_entry(python_prepare_inputs, host_buffers, prepared_inputs, backend_choice):
+    """Bind the compiled ``prepare_inputs`` to tokcy.executor's classes and return it
+    (tokcy.executor._host calls this once, when it loads)."""
+    global PYTHON_PREPARE_INPUTS, HOST_BUFFERS, PREPARED_INPUTS, BACKEND_CHOICE, THIS_MODULE
+    import sys
+
+    PYTHON_PREPARE_INPUTS = python_prepare_inputs
+    HOST_BUFFERS = host_buffers
+    PREPARED_INPUTS = prepared_inputs
+    BACKEND_CHOICE = backend_choice
+    THIS_MODULE = sys.modules[__name__]
+    prepare_inputs.__doc__ = python_prepare_inputs.__doc__
+    prepare_inputs.__module__ = python_prepare_inputs.__module__
+    return prepare_inputs
+
+
+def prepare_inputs(context_requests, generation_requests, *, first_draft_requests=(), device_token_requests=(),
+                   max_draft_len=0, cuda_graph_batch_sizes=None, out=None, block_size=None, block_sizes=None,
+                   max_blocks_per_seq=None):
+    cdef InputWriter writer
+    if (type(out) is HOST_BUFFERS and block_size is None and block_sizes is None and type(max_draft_len) is int
+            and max_draft_len >= 0 and BACKEND_CHOICE.module is THIS_MODULE):
+        found = out._writers.get(THIS_MODULE)  # HostBuffers.writer()'s cache, without its call
+        if type(found) is InputWriter:
+            writer = <InputWriter>found
+            max_beam_width = out.max_beam_width
+            counts = writer._prepare(context_requests, generation_requests, first_draft_requests,
+                                     device_token_requests, max_draft_len, cuda_graph_batch_sizes,
+                                     0 if max_beam_width is None else max_beam_width, None)
+            # PreparedInputs(out.arrays, counts), without its __init__ call (prepare_into's too)
+            arrays = out.arrays
+            prepared = new_object(PREPARED_INPUTS)
+            prepared._arrays = arrays
+            prepared._counts = counts
+            prepared._metadata = None
+            prepared._views = [None] * len(arrays)
+            return prepared
+    return PYTHON_PREPARE_INPUTS(
+        context_requests, generation_requests, first_draft_requests=first_draft_requests,
+        device_token_requests=device_token_requests, max_draft_len=max_draft_len,
+        cuda_graph_batch_sizes=cuda_graph_batch_sizes, out=out, block_size=block_size, block_sizes=block_sizes,
+        max_blocks_per_seq=max_blocks_per_seq)
