@@ -155,20 +155,28 @@ TAMPERINGS = {
 }
 
 
+def report_after_changing_its_arrays(backend, change):
+    """A third decode report of three requests, made after ``change`` was applied to the
+    second report's int32 array (reached through a column's ``base``; nothing else holds
+    it then): (that report, the manager, its allocation count before the report, the
+    requests). The twin allocates when a column is read: count after the reads."""
+    manager, requests = decoding(backend, 3)
+    step(manager, requests, 1)
+    output = step(manager, requests, 2)
+    owner = output.tokens.base
+    del output
+    if owner is not None:
+        change(owner)
+        del owner
+    before = manager._state.num_output_allocations
+    return step(manager, requests, 3), manager, before, requests
+
+
 @pytest.mark.parametrize("tampering", sorted(TAMPERINGS))
 def test_an_array_changed_through_a_columns_base_is_never_reused(backend, tampering, array_reads):
     for mode in array_reads:
         use(backend, mode)
-        manager, requests = decoding(backend, 3)
-        step(manager, requests, 1)
-        output = step(manager, requests, 2)
-        owner = output.tokens.base
-        del output
-        if owner is not None:
-            TAMPERINGS[tampering](owner)
-            del owner
-        before = manager._state.num_output_allocations
-        output = step(manager, requests, 3)
+        output, manager, before, _ = report_after_changing_its_arrays(backend, TAMPERINGS[tampering])
         assert output.tokens.tolist() == [3, 3, 3] and output.tokens.flags.writeable
         assert output.tokens.dtype == np.int32 and output.tokens.ndim == 1
         assert manager._state.num_output_allocations - before == (1 if is_compiled(backend) else 3)
@@ -178,16 +186,8 @@ def test_an_array_grown_through_a_columns_base_is_reused_where_it_now_lies(backe
     """numpy moves a resized array's entries: the arena writes where they are now."""
     for mode in array_reads:
         use(backend, mode)
-        manager, requests = decoding(backend, 3)
-        step(manager, requests, 1)
-        output = step(manager, requests, 2)
-        owner = output.tokens.base
-        del output
-        if owner is not None:
-            owner.resize(owner.size + 1000, refcheck=False)
-            del owner
-        before = manager._state.num_output_allocations
-        output = step(manager, requests, 3)
+        output, manager, before, requests = report_after_changing_its_arrays(
+            backend, lambda array: array.resize(array.size + 1000, refcheck=False))
         assert output.tokens.tolist() == [3, 3, 3]
         assert manager._state.num_output_allocations - before == (0 if is_compiled(backend) else 3)
         assert columns(step(manager, requests, 4))["tokens"] == [4, 4, 4]
