@@ -208,7 +208,12 @@ def run_on(module, build, **kwargs):
     _backend.module = module
     try:
         args, extra = build(module)
-        return error_of(lambda: prepare_inputs(*args, **{**kwargs, **extra}))
+        options = {**kwargs, **extra}
+        error = error_of(lambda: prepare_inputs(*args, **options))
+        if isinstance(options.get("out"), HostBuffers) and error is not None:
+            # again, now that the holder has its writer: the compiled core's own path
+            assert error_of(lambda: prepare_inputs(*args, **options)) == error
+        return error
     finally:
         _backend.module = saved
 
@@ -229,6 +234,12 @@ def _ctx(module, request_id, cursor=0, chunk=3, prompt=(1, 2, 3, 4)):
 
 
 ERROR_CASES = {
+    "no arguments": (lambda m: ((), {}), TypeError, "missing 2 required positional arguments"),
+    "one argument": (lambda m: (([],), {"out": HostBuffers(8, 2)}), TypeError, "missing 1 required positional"),
+    "three arguments": (lambda m: (([], [], []), {"out": HostBuffers(8, 2)}), TypeError,
+                        "takes 2 positional arguments but 3 positional arguments (and 1 keyword-only argument)"),
+    "unknown keyword": (lambda m: (([], []), {"out": HostBuffers(8, 2), "block_szie": 16}), TypeError,
+                        "prepare_inputs() got an unexpected keyword argument 'block_szie'"),
     "not a request": (lambda m: (([object()], []), {}), TypeError, "context_requests[0]"),
     "empty chunk": (lambda m: (([_ctx(m, 5, chunk=0)], []), {}), ValueError, "request 5"),
     "context in generation state": (lambda m: (([_gen(m, 6)], []), {}), ValueError, "request 6"),

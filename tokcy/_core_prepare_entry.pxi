@@ -13,12 +13,15 @@ cdef object PREPARED_INPUTS = None        # tokcy.executor.PreparedInputs
 cdef object BACKEND_CHOICE = None         # tokcy._backend (whose .module is the live backend)
 cdef object THIS_MODULE = None            # tokcy._core
 cdef object new_object = object.__new__   # an instance without its __init__ call
+cdef object MISSING = object()            # a positional argument not given
 
 
 def prepare_inputs_entry(python_prepare_inputs, host_buffers, prepared_inputs, backend_choice):
     """Bind the compiled ``prepare_inputs`` to tokcy.executor's classes and return it
-    (tokcy.executor._host calls this once, when it loads)."""
+    (tokcy.executor._host calls this once, when it loads): it has the Python function's
+    name, signature and docstring."""
     global PYTHON_PREPARE_INPUTS, HOST_BUFFERS, PREPARED_INPUTS, BACKEND_CHOICE, THIS_MODULE
+    import inspect
     import sys
 
     PYTHON_PREPARE_INPUTS = python_prepare_inputs
@@ -26,17 +29,21 @@ def prepare_inputs_entry(python_prepare_inputs, host_buffers, prepared_inputs, b
     PREPARED_INPUTS = prepared_inputs
     BACKEND_CHOICE = backend_choice
     THIS_MODULE = sys.modules[__name__]
-    prepare_inputs.__doc__ = python_prepare_inputs.__doc__
-    prepare_inputs.__module__ = python_prepare_inputs.__module__
-    return prepare_inputs
+    for name in ("__name__", "__qualname__", "__module__", "__doc__"):
+        setattr(_prepare_inputs, name, getattr(python_prepare_inputs, name))
+    _prepare_inputs.__signature__ = inspect.signature(python_prepare_inputs)
+    return _prepare_inputs
 
 
-def prepare_inputs(context_requests, generation_requests, *, first_draft_requests=(), device_token_requests=(),
-                   max_draft_len=0, cuda_graph_batch_sizes=None, out=None, block_size=None, block_sizes=None,
-                   max_blocks_per_seq=None):
+def prepare_inputs(context_requests=MISSING, generation_requests=MISSING, *more_positional, first_draft_requests=(),
+                   device_token_requests=(), max_draft_len=0, cuda_graph_batch_sizes=None, out=None, block_size=None,
+                   block_sizes=None, max_blocks_per_seq=None):
+    # the two positional arguments have a default here only so that a call with another
+    # number of them reaches the Python function, which raises CPython's own message
     cdef InputWriter writer
     if (type(out) is HOST_BUFFERS and block_size is None and block_sizes is None and type(max_draft_len) is int
-            and max_draft_len >= 0 and BACKEND_CHOICE.module is THIS_MODULE):
+            and max_draft_len >= 0 and BACKEND_CHOICE.module is THIS_MODULE and generation_requests is not MISSING
+            and context_requests is not MISSING and not more_positional):
         found = out._writers.get(THIS_MODULE)  # HostBuffers.writer()'s cache, without its call
         if type(found) is InputWriter:
             writer = <InputWriter>found
@@ -52,8 +59,24 @@ def prepare_inputs(context_requests, generation_requests, *, first_draft_request
             prepared._metadata = None
             prepared._views = [None] * len(arrays)
             return prepared
-    return PYTHON_PREPARE_INPUTS(
-        context_requests, generation_requests, first_draft_requests=first_draft_requests,
-        device_token_requests=device_token_requests, max_draft_len=max_draft_len,
-        cuda_graph_batch_sizes=cuda_graph_batch_sizes, out=out, block_size=block_size, block_sizes=block_sizes,
-        max_blocks_per_seq=max_blocks_per_seq)
+    if PYTHON_PREPARE_INPUTS is None:
+        raise RuntimeError("tokcy._core._prepare_inputs is not bound: call tokcy.executor.prepare_inputs")
+    # the keyword arguments given (those not their default, by identity), for CPython's messages
+    options = {name: value for name, value, default in (
+        ("first_draft_requests", first_draft_requests, ()), ("device_token_requests", device_token_requests, ()),
+        ("max_draft_len", max_draft_len, 0), ("cuda_graph_batch_sizes", cuda_graph_batch_sizes, None),
+        ("out", out, None), ("block_size", block_size, None), ("block_sizes", block_sizes, None),
+        ("max_blocks_per_seq", max_blocks_per_seq, None)) if value is not default}
+    if more_positional:  # then both were given by position
+        return PYTHON_PREPARE_INPUTS(context_requests, generation_requests, *more_positional, **options)
+    if context_requests is not MISSING:
+        options["context_requests"] = context_requests
+    if generation_requests is not MISSING:
+        options["generation_requests"] = generation_requests
+    return PYTHON_PREPARE_INPUTS(**options)
+
+
+# named prepare_inputs above for its error messages; kept under a private name, since it
+# works only once bound (tokcy.executor's prepare_inputs is the public one)
+_prepare_inputs = prepare_inputs
+del prepare_inputs

@@ -281,7 +281,8 @@ cdef bint array_fields_agree():
         for k in range(fields.nd):
             if fields.dimensions[k] != array.shape[k] or fields.strides[k] != array.strides[k]:
                 return False
-    return np.empty(1, dtype=np.int64).dtype is INT64_DTYPE  # the arena compares dtypes by identity
+    # the arena compares dtypes by identity, and makes its arrays with these
+    return all([np.empty(1, dtype=dtype).dtype is dtype for dtype in (INT64_DTYPE, INT32_DTYPE, BOOL_DTYPE)])
 
 
 # how the arena checks its arrays: through their fields where those read right (see
