@@ -41,9 +41,10 @@ def prepare_inputs(context_requests=MISSING, generation_requests=MISSING, *more_
     # the two positional arguments have a default here only so that a call with another
     # number of them reaches the Python function, which raises CPython's own message
     cdef InputWriter writer
-    if (type(out) is HOST_BUFFERS and block_size is None and block_sizes is None and type(max_draft_len) is int
-            and max_draft_len >= 0 and BACKEND_CHOICE.module is THIS_MODULE and generation_requests is not MISSING
-            and context_requests is not MISSING and not more_positional):
+    cdef bint two_positional = (context_requests is not MISSING and generation_requests is not MISSING
+                                and not more_positional)
+    if (two_positional and type(out) is HOST_BUFFERS and block_size is None and block_sizes is None
+            and type(max_draft_len) is int and max_draft_len >= 0 and BACKEND_CHOICE.module is THIS_MODULE):
         found = out._writers.get(THIS_MODULE)  # HostBuffers.writer()'s cache, without its call
         if type(found) is InputWriter:
             writer = <InputWriter>found
@@ -61,7 +62,15 @@ def prepare_inputs(context_requests=MISSING, generation_requests=MISSING, *more_
             return prepared
     if PYTHON_PREPARE_INPUTS is None:
         raise RuntimeError("tokcy._core._prepare_inputs is not bound: call tokcy.executor.prepare_inputs")
-    # the keyword arguments given (those not their default, by identity), for CPython's messages
+    if two_positional:  # every argument by name: no default for CPython to look up
+        return PYTHON_PREPARE_INPUTS(
+            context_requests, generation_requests, first_draft_requests=first_draft_requests,
+            device_token_requests=device_token_requests, max_draft_len=max_draft_len,
+            cuda_graph_batch_sizes=cuda_graph_batch_sizes, out=out, block_size=block_size, block_sizes=block_sizes,
+            max_blocks_per_seq=max_blocks_per_seq)
+    # another number of positional arguments: the Python function raises CPython's own
+    # message for the arguments given (a keyword one counts as given unless it is its
+    # default object)
     options = {name: value for name, value, default in (
         ("first_draft_requests", first_draft_requests, ()), ("device_token_requests", device_token_requests, ()),
         ("max_draft_len", max_draft_len, 0), ("cuda_graph_batch_sizes", cuda_graph_batch_sizes, None),
@@ -74,7 +83,6 @@ def prepare_inputs(context_requests=MISSING, generation_requests=MISSING, *more_
     if generation_requests is not MISSING:
         options["generation_requests"] = generation_requests
     return PYTHON_PREPARE_INPUTS(**options)
-
 
 # named prepare_inputs above for its error messages; kept under a private name, since it
 # works only once bound (tokcy.executor's prepare_inputs is the public one)
