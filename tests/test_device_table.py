@@ -191,3 +191,73 @@ def test_cuda_deltas_equal_a_full_upload(backend):
     assert world.preparer._staging[0].is_pinned()
     for index in range(200):
         world.step(index)
+
+
+def staged_gather(preparer, name, slot=0):
+    """A per-sequence gather field of ring slot ``slot``'s staging buffer (group 0)."""
+    return preparer._packed_field(preparer._staging[slot].numpy(), f"{name}/0")
+
+
+# (prefill, blocks A's window released) -> per sequence (blocks, live, run starts), then
+# kv_indptr, kv_indices and the dense rows (4 columns)
+GATHER_EXAMPLES = {
+    (False, 1): ([3, 1, 0], [2, 1, 0], [1, 6, 13], [0, 2, 3, 3], [31, 32, 40],
+                 [[-1, 31, 32, 0], [40, 0, 0, 0], [0, 0, 0, 0]]),
+    (True, 0): ([3, 1], [3, 1], [0, 5], [0, 3, 4], [30, 31, 32, 40], [[30, 31, 32, 0], [40, 0, 0, 0]]),
+}
+
+
+@pytest.mark.parametrize("prefill, released", list(GATHER_EXAMPLES), ids=["decode", "context"])
+def test_worked_example_what_the_gather_reads(backend, prefill, released):
+    """Block size 4, 8 columns. A: 10 tokens, KV 10 -> 3 blocks; B: 4 tokens, KV 4 -> 1
+    block. Decode step, padded to 3 (a padding sequence has no blocks), A's
+    first block released (2 live): CSR offsets [0, 2, 3, 3]; run starts (row * 8 +
+    blocks - CSR end): A 0 + 3 - 2 = 1, B 8 + 1 - 3 = 6, padding 16 + 0 - 3 = 13; the
+    CSR output o of a sequence reads the flat dense entry start + o: A's outputs 0, 1
+    read entries 1, 2 (its live blocks), B's output 2 entry 8. As context chunks (the
+    general writer, no padding; nothing released, the chunk covers block 0): A 0 + 3 -
+    3 = 0, B 8 + 1 - 4 = 5."""
+    blocks, live, starts, indptr, indices, dense = GATHER_EXAMPLES[prefill, released]
+    requests = []
+    for request_id, length, table in ((7, 10, [30, 31, 32]), (8, 4, [40])):
+        request = backend.Request(request_id, np.arange(length, dtype=np.int32))
+        if not prefill:
+            request.state = GENERATING
+        request.seq_slot = request_id - 7
+        request.block_tables[0].extend(table)
+        requests.append(request)
+    requests[0].block_tables[0].release_front(released)
+    preparer = InputPreparer(32, 4, block_size=4, max_blocks_per_seq=8, max_slots=2)
+    context, generation = (requests, []) if prefill else ([], requests)
+    inputs = preparer.prepare(context, generation, cuda_graph_batch_sizes=[3])
+    padded = inputs.padded_batch_size
+    assert padded == len(blocks)
+    np.testing.assert_array_equal(staged_gather(preparer, "gather_blocks")[:padded], blocks)
+    np.testing.assert_array_equal(staged_gather(preparer, "gather_live")[:padded], live)
+    np.testing.assert_array_equal(staged_gather(preparer, "gather_base")[:padded], starts)
+    (group,) = inputs.groups
+    assert group.kv_indptr.tolist() == indptr
+    assert group.kv_indices.tolist() == indices
+    assert group.block_table[:, :4].tolist() == dense
+
+
+def test_binding_the_gather_arrays_checks_them_first(backend):
+    """A wrong count or dtype of the gather arrays raises and binds nothing: the
+    metadata writes the same step afterwards."""
+    requests = [backend.Request(5, np.arange(6, dtype=np.int32))]
+    requests[0].seq_slot = 0
+    requests[0].block_tables[0].extend([3, 4])
+    preparer = InputPreparer(16, 2, block_size=4, max_blocks_per_seq=4, max_slots=2)
+    staged = preparer._host[0].metadata  # the first staging buffer's MetadataBuffers
+    metadata = staged.bound(backend)
+    rows = preparer.device_table.rows(backend)
+    slots, deltas = np.zeros(2, np.int32), np.zeros(64, np.int32)
+    blocks, live, base = np.zeros(2, np.int32), np.zeros(2, np.int32), np.zeros(2, np.int64)
+    with pytest.raises(ValueError, match="one gather_blocks, gather_live and gather_base per layer group"):
+        metadata.bind_device_table(rows, slots, deltas, [blocks, blocks], [live], [base])
+    if backend.__name__ == "tokcy._core":  # the compiled writer's pointers are typed
+        with pytest.raises(ValueError, match="dtype mismatch"):
+            metadata.bind_device_table(rows, slots, deltas, [blocks], [live], [blocks])
+    inputs = preparer.prepare(requests, [])
+    assert inputs.groups[0].kv_indices.tolist() == [3, 4]
+    assert staged_gather(preparer, "gather_base")[:1].tolist() == [2 - 2]

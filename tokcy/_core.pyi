@@ -209,7 +209,13 @@ class AttentionMetadata:
         kv_indices: Sequence[npt.NDArray[np.int32]] | None = None,
     ) -> None: ...
     def bind_device_table(
-        self, rows: DeviceTableRows, table_slots: npt.NDArray[np.int32], delta_area: npt.NDArray[np.int32]
+        self,
+        rows: DeviceTableRows,
+        table_slots: npt.NDArray[np.int32],
+        delta_area: npt.NDArray[np.int32],
+        gather_blocks: Sequence[npt.NDArray[np.int32]],
+        gather_live: Sequence[npt.NDArray[np.int32]],
+        gather_base: Sequence[npt.NDArray[np.int64]],
     ) -> None: ...
     def results(self) -> tuple[int, int, int, tuple[int, ...]]: ...
 

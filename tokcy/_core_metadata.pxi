@@ -59,6 +59,11 @@ cdef class AttentionMetadata:
     cdef int32_t* table_slots          # per sequence: the row it reads (0 for padding)
     cdef int32_t* delta_area           # the staging tail from input_ids: deltas go after the used ids
     cdef Py_ssize_t delta_capacity
+    # per sequence and group, what the device gather reads: the blocks holding the KV, the
+    # live ones (the CSR row's length) and where its CSR run starts in the flat dense table
+    cdef int32_t* gather_blocks[MAX_LAYER_GROUPS]
+    cdef int32_t* gather_live[MAX_LAYER_GROUPS]
+    cdef int64_t* gather_base[MAX_LAYER_GROUPS]
     cdef int32_t* sequence_slots       # per planned sequence: its seq_slot
     cdef Py_ssize_t planned_changes    # entries the planned sequences' rows need (plan_row_delta)
     cdef int32_t* changed_specs        # the GroupSpecs (indices into groups) whose rows need entries
@@ -122,23 +127,48 @@ cdef class AttentionMetadata:
         self.num_bound_groups = count
         self._block_sizes = None
 
-    def bind_device_table(self, DeviceTableRows rows not None, table_slots, delta_area):
+    def bind_device_table(self, DeviceTableRows rows not None, table_slots, delta_area, gather_blocks,
+                          gather_live, gather_base):
         """Keep the device block table whose rows ``rows`` describes: per sequence write the
-        row it reads into ``table_slots``, and the changed entries into ``delta_area``."""
+        row it reads into ``table_slots``, the changed entries into ``delta_area``, and per
+        group (a sequence of arrays each) what the device gather reads: ``gather_blocks``
+        (the blocks holding its KV), ``gather_live`` (its live blocks) and ``gather_base``
+        (int64: its row's flat start in the dense table plus its blocks, minus its CSR end)."""
+        cdef Py_ssize_t group, count = self.num_bound_groups
+        cdef int32_t* blocks[MAX_LAYER_GROUPS]
+        cdef int32_t* live[MAX_LAYER_GROUPS]
+        cdef int64_t* base[MAX_LAYER_GROUPS]
+        cdef int32_t* slots
+        cdef int32_t* deltas
+        cdef Py_ssize_t cap_seqs
         if self._arrays is None:
             raise RuntimeError("bind() the metadata arrays first")
-        if rows.num_groups != self.num_bound_groups or rows.width != self.width:
+        if rows.num_groups != count or rows.width != self.width:
             raise ValueError(f"the device table has {rows.num_groups} groups of {rows.width} columns, "
-                             f"the outputs {self.num_bound_groups} of {self.width}")
+                             f"the outputs {count} of {self.width}")
+        if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
+            raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
+        gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
+        slots = int32_pointer(table_slots)
+        deltas = int32_pointer(delta_area)
+        cap_seqs = min(self.cap_seqs, len(table_slots))
+        for group in range(count):  # every pointer taken (each array checked) before anything changes
+            blocks[group] = int32_pointer(gathers[0][group])
+            live[group] = int32_pointer(gathers[1][group])
+            base[group] = int64_pointer(gathers[2][group])
+            cap_seqs = min(cap_seqs, len(gathers[0][group]), len(gathers[1][group]), len(gathers[2][group]))
         self.release()
         self.rows = rows
-        max_slots = rows.max_slots
-        self._arrays = self._arrays + (table_slots, delta_area)
-        self.table_slots = int32_pointer(table_slots)
-        self.cap_seqs = min(self.cap_seqs, len(table_slots))
-        self.delta_area = int32_pointer(delta_area)
+        self._arrays = self._arrays + (table_slots, delta_area, gathers)  # owned while bound
+        self.table_slots = slots
+        self.delta_area = deltas
+        self.cap_seqs = cap_seqs
+        for group in range(count):
+            self.gather_blocks[group] = blocks[group]
+            self.gather_live[group] = live[group]
+            self.gather_base[group] = base[group]
         self.delta_capacity = len(delta_area)
-        self.max_slots = max_slots
+        self.max_slots = rows.max_slots
         self.has_device_table = True
 
     # ------------------------------------------------------------------ pass 1
@@ -488,6 +518,10 @@ cdef class AttentionMetadata:
             start = self.kv_indptr[group][seq]
             self.kv_indptr[group][seq + 1] = <int32_t>(start + live)
             self.kv_last_page_len[group][seq] = <int32_t>(kv_len - (num_blocks - 1) * block_size)
+            if self.has_device_table:
+                self.gather_blocks[group][seq] = <int32_t>num_blocks
+                self.gather_live[group][seq] = <int32_t>live
+                self.gather_base[group][seq] = seq * self.width + num_blocks - (start + live)
             if self.block_table[group] != NULL:
                 dense = self.block_table[group] + seq * self.width
                 memcpy(dense, spec.blocks, num_blocks * sizeof(int32_t))
@@ -509,6 +543,10 @@ cdef class AttentionMetadata:
             self.slot_mapping[group][row] = -1
             self.kv_indptr[group][seq + 1] = self.kv_indptr[group][seq]
             self.kv_last_page_len[group][seq] = 0
+            if self.has_device_table:  # no blocks, no live ones: its run start is never read
+                self.gather_blocks[group][seq] = 0
+                self.gather_live[group][seq] = 0
+                self.gather_base[group][seq] = seq * self.width - self.kv_indptr[group][seq]
             if self.block_table[group] != NULL:
                 memset(self.block_table[group] + seq * self.width, 0, self.width * sizeof(int32_t))
 

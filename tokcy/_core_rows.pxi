@@ -161,6 +161,11 @@ cdef void write_plain_metadata(const PlainRow* rows, Py_ssize_t count, Attention
     cdef int32_t* indptr = meta.kv_indptr[0] + seq0
     cdef int32_t* last_page_len = meta.kv_last_page_len[0] + seq0
     cdef int32_t* table_slots = meta.table_slots + seq0 if meta.has_device_table else NULL
+    cdef int32_t* gather_blocks = meta.gather_blocks[0] + seq0 if meta.has_device_table else NULL
+    cdef int32_t* gather_live = meta.gather_live[0] + seq0 if meta.has_device_table else NULL
+    cdef int64_t* gather_base = meta.gather_base[0] + seq0 if meta.has_device_table else NULL
+    cdef int32_t live
+    cdef int64_t width = meta.width, row_start = seq0 * width  # the sequence's row in the flat dense table
     cdef int32_t kv_len, kv_sum = cu_kv_seqlens[0], live_sum = indptr[0], max_kv_len = meta.max_kv_len
     debug_assert(row0 + count <= meta.cap_tokens and seq0 + count <= meta.cap_seqs)
     for index in range(count):
@@ -173,13 +178,18 @@ cdef void write_plain_metadata(const PlainRow* rows, Py_ssize_t count, Attention
         kv_lens[index] = kv_len
         kv_sum += kv_len
         cu_kv_seqlens[index + 1] = kv_sum
-        live_sum += <int32_t>(block + 1 - spec.num_released)
+        live = <int32_t>(block + 1 - spec.num_released)
+        live_sum += live
         indptr[index + 1] = live_sum
         last_page_len[index] = <int32_t>(kv_len - block * block_size)
         if kv_len > max_kv_len:
             max_kv_len = kv_len
-        if table_slots != NULL:
+        if table_slots != NULL:  # and what the device gather reads (AttentionMetadata.write_sequence)
             table_slots[index] = meta.sequence_slots[rows[index].meta_index]
+            gather_blocks[index] = <int32_t>(block + 1)
+            gather_live[index] = live
+            gather_base[index] = row_start + (block + 1) - live_sum
+        row_start += width
     meta.max_kv_len = max_kv_len
     if count and meta.max_query_len < 1:
         meta.max_query_len = 1

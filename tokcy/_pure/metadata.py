@@ -115,7 +115,7 @@ class AttentionMetadata:
         self._arrays = True
         self._block_sizes = None
 
-    def bind_device_table(self, rows, table_slots, delta_area):
+    def bind_device_table(self, rows, table_slots, delta_area, gather_blocks, gather_live, gather_base):
         """Keep the device block table whose rows ``rows`` describes (see the compiled twin)."""
         if self._arrays is None:
             raise RuntimeError("bind() the metadata arrays first")
@@ -125,11 +125,16 @@ class AttentionMetadata:
         if rows.num_groups != self.num_bound_groups or rows.width != self.width:
             raise ValueError(f"the device table has {rows.num_groups} groups of {rows.width} columns, "
                              f"the outputs {self.num_bound_groups} of {self.width}")
+        count = self.num_bound_groups
+        if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
+            raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
+        gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
         self.release()
         self.rows = rows
         max_slots = rows.max_slots
         self.table_slots = table_slots
-        self.cap_seqs = min(self.cap_seqs, len(table_slots))
+        self.gather_blocks, self.gather_live, self.gather_base = gathers
+        self.cap_seqs = min([self.cap_seqs, len(table_slots)] + [len(array) for arrays in gathers for array in arrays])
         self.delta_area = delta_area
         self.max_slots = max_slots
         self.has_device_table = True
@@ -301,6 +306,12 @@ class AttentionMetadata:
             self.kv_last_page_len[group][count:padded] = 0
             if self.block_table is not None:
                 self.block_table[group][count:padded] = 0
+            if self.has_device_table:  # what the device gather reads, per sequence (padding: no blocks)
+                ends = indptr[1 : padded + 1]
+                num_blocks = self.gather_blocks[group][:padded]
+                num_blocks[:] = -(-self.kv_lens[:padded] // block_size)
+                self.gather_live[group][:padded] = np.diff(indptr[: padded + 1])
+                self.gather_base[group][:padded] = np.arange(padded, dtype=np.int64) * self.width + num_blocks - ends
         if self.has_device_table:
             self._write_deltas(num_tokens)
 

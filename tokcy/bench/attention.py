@@ -148,8 +148,8 @@ def tokcy_preparer(world):
         recorded["args"] = args
         return recorded["outputs"]
 
-    recorded["outputs"] = real_apply(preparer._device_packed, 0, 0, *_batch_views(preparer, world), sizes,
-                                     _indices(world, sizes))
+    views = preparer._batch_views(len(world.requests))  # (table slots, kv_indptr, what the gather reads)
+    recorded["outputs"] = real_apply(preparer._device_packed, 0, 0, views[0], views[2], _indices(world, sizes))
     table.apply = stub
 
     def step():
@@ -160,12 +160,6 @@ def tokcy_preparer(world):
     bytes_sent = preparer.last_copy_bytes
     device_side = lambda: real_apply(*recorded["args"])  # noqa: E731
     return step, bytes_sent, device_side
-
-
-def _batch_views(preparer, world):
-    padded = len(world.requests)
-    return (preparer._packed_view("kv_lens", padded), preparer._packed_view("table_slots", padded),
-            [preparer._packed_view(f"kv_indptr/{group}", padded + 1) for group in range(world.num_groups)])
 
 
 def _indices(world, sizes):

@@ -51,7 +51,14 @@ def _metadata_lengths(max_num_tokens, max_batch_size, num_groups):
         lengths[f"kv_indptr/{group}"] = max_batch_size + 1
         lengths[f"kv_last_page_len/{group}"] = max_batch_size
         lengths[f"slot_mapping/{group}"] = max_num_tokens
+        # what the device gather reads per sequence (AttentionMetadata.bind_device_table)
+        lengths[f"gather_blocks/{group}"] = max_batch_size
+        lengths[f"gather_live/{group}"] = max_batch_size
+        lengths[f"gather_base/{group}"] = max_batch_size
     return lengths
+
+
+_INT64_FIELDS = ("request_ids", "slot_mapping/", "gather_base/")  # two int32 words per entry
 
 
 def _packed_layout(max_num_tokens, max_batch_size, max_draft_len, num_groups=0):
@@ -65,7 +72,7 @@ def _packed_layout(max_num_tokens, max_batch_size, max_draft_len, num_groups=0):
     layout = {}
     offset = 0
     for name in order:
-        width = 2 if name == "request_ids" or name.startswith("slot_mapping/") else 1
+        width = 2 if name.startswith(_INT64_FIELDS) else 1
         if width == 2 and offset % 2:
             offset += 1  # int64 alignment
         layout[name] = (offset, lengths[name], width)
@@ -235,6 +242,8 @@ class InputPreparer:
             "slot_mapping": [self._packed_field(packed, f"slot_mapping/{group}") for group in groups],
             "kv_indptr": [self._packed_field(packed, f"kv_indptr/{group}") for group in groups],
             "kv_last_page_len": [self._packed_field(packed, f"kv_last_page_len/{group}") for group in groups],
+            **{name: [self._packed_field(packed, f"{name}/{group}") for group in groups]
+               for name in ("gather_blocks", "gather_live", "gather_base")},
         }
 
     @property
@@ -316,7 +325,7 @@ class InputPreparer:
                 padded = counts[5]
                 views = self._batch_view_cache.get(padded) or self._batch_views(padded)
                 tables = self.device_table.apply(self._device_packed, self._input_ids_end + counts[3], results[2],
-                                                 views[0], views[1], views[2], self.block_sizes, results[3])
+                                                 views[0], views[2], results[3])
                 metadata = (tables, padded, counts[3], results[0], results[1])
             inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, metadata), without the __init__ call
             inputs._preparer = self
@@ -330,19 +339,24 @@ class InputPreparer:
         return inputs
 
     def _batch_views(self, padded):
-        """(kv_lens, table_slots, [kv_indptr per group]) of the device packed buffer for a
-        batch of ``padded`` sequences, made once per size."""
+        """(table_slots, [kv_indptr per group], [(blocks as a column, live blocks, run
+        starts) per group]) of the device packed buffer for a batch of ``padded``
+        sequences, made once per size."""
         views = self._batch_view_cache.get(padded)
         if views is None:
+            groups = range(len(self.block_sizes))
             views = self._batch_view_cache[padded] = (
-                self._packed_view("kv_lens", padded), self._packed_view("table_slots", padded),
-                [self._packed_view(f"kv_indptr/{group}", padded + 1) for group in range(len(self.block_sizes))])
+                self._packed_view("table_slots", padded),
+                [self._packed_view(f"kv_indptr/{group}", padded + 1) for group in groups],
+                [(self._packed_view(f"gather_blocks/{group}", padded)[:, None],
+                  self._packed_view(f"gather_live/{group}", padded), self._packed_view(f"gather_base/{group}", padded))
+                 for group in groups])
         return views
 
     def _set_device_metadata(self, fields, tables, padded, num_tokens, max_query_len, max_kv_len):
         """The metadata attributes (device views) into ``fields``, a ``_MetadataFields``: an
         inputs object makes them on the first read of any."""
-        indptrs = self._batch_views(padded)[2]
+        indptrs = self._batch_views(padded)[1]
         groups = []
         for group, (block_size, (dense, indices)) in enumerate(zip(self.block_sizes, tables)):
             groups.append(LayerGroupInputs(

@@ -47,52 +47,44 @@ class DeviceBlockTable:
         """``MetadataBuffers`` over one staging buffer's views, bound to this table per backend."""
         return _StagedMetadata(self, arrays, table_slots, delta_area)
 
-    def apply(self, packed, delta_offset, num_changed, kv_lens, table_slots, kv_indptr, block_sizes,
-              num_indices):
+    def apply(self, packed, delta_offset, num_changed, table_slots, gathers, num_indices):
         """On the device, after the staging copy: scatter the changed entries (read from
         ``packed`` at ``delta_offset``), then per group gather the batch's dense table
-        (masked past each sequence's blocks) and its CSR indices. Returns, per group,
-        (block_table view, kv_indices view).
+        (masked past each sequence's blocks) and its CSR indices, from what the host
+        wrote per sequence (``gathers``, per group: its blocks as a column, its live
+        blocks and where its CSR run starts in the flat dense table; see
+        ``AttentionMetadata.bind_device_table``). Returns, per group, (block_table view,
+        kv_indices view).
 
         Every view of a persistent tensor it needs is made once per size and kept
-        (``_batch_views``): per group a step costs a dozen torch calls, each a device op."""
+        (``_batch_views``): a group costs six torch calls, each a device op."""
         torch = self._torch
         if num_changed:
             indices = packed[delta_offset : delta_offset + num_changed].long()
             self._flat[indices] = packed[delta_offset + num_changed : delta_offset + 2 * num_changed]
-        padded = kv_lens.shape[0]
-        views = self._batch_views(padded)
+        views = self._batch_views(table_slots.shape[0])
         outputs = []
-        blocks_by_size = {}
-        for group, block_size in enumerate(block_sizes):
-            num_blocks = blocks_by_size.get(block_size)
-            if num_blocks is None:  # blocks holding the KV (1-D, and as a column)
-                num_blocks = ((kv_lens + (block_size - 1)) // block_size)
-                num_blocks = blocks_by_size[block_size] = (num_blocks, num_blocks[:, None])
-            dense, dense_flat, source, row_starts = views[group]
+        for group, (num_blocks, live, base) in enumerate(gathers):
+            dense, dense_flat, source = views[group]
             torch.index_select(source, 0, table_slots, out=dense)
-            dense.masked_fill_(self._columns >= num_blocks[1], 0)
+            dense.masked_fill_(self._columns >= num_blocks, 0)
             total = num_indices[group]
             indices, offsets = self._indices_views(group, total)
             if total:
-                indptr = kv_indptr[group]
-                # output o of sequence i (live blocks: the last live_i of its num_blocks_i) reads
-                # dense[i, num_blocks_i - live_i + (o - indptr_i)], and live_i + indptr_i = indptr_(i+1)
-                base = row_starts + (num_blocks[0] - indptr[1:])
-                flat = torch.repeat_interleave(base, indptr.diff(), output_size=total) + offsets
+                flat = torch.repeat_interleave(base, live, output_size=total)
+                flat += offsets
                 torch.index_select(dense_flat, 0, flat, out=indices)
             outputs.append((dense, indices))
         return outputs
 
     def _batch_views(self, padded):
-        """Per group (dense[:padded], its flat view, table[group], each row's flat start)."""
+        """Per group (dense[:padded], its flat view, table[group])."""
         views = self._views.get(padded)
         if views is None:
-            row_starts = self._offsets[:padded] * self.width
             views = self._views[padded] = []
             for group in range(self.num_groups):
                 dense = self.block_table[group, :padded]
-                views.append((dense, dense.view(-1), self.table[group], row_starts))
+                views.append((dense, dense.view(-1), self.table[group]))
         return views
 
     def _indices_views(self, group, total):
@@ -109,11 +101,12 @@ class DeviceBlockTable:
 class _StagedMetadata(MetadataBuffers):
     """A staging buffer's metadata arrays; its bound writers keep ``table``'s rows."""
 
-    __slots__ = ("_device_table", "_table_slots", "_delta_area")
+    __slots__ = ("_device_table", "_table_slots", "_delta_area", "_gathers")
 
     def __init__(self, device_table, arrays, table_slots, delta_area):
         self._adopt(device_table.width, arrays["kv_lens"], arrays["cu_kv_seqlens"], arrays["slot_mapping"],
                     arrays["kv_indptr"], arrays["kv_last_page_len"], None, None)
+        self._gathers = (arrays["gather_blocks"], arrays["gather_live"], arrays["gather_base"])
         self._device_table = device_table
         self._table_slots = table_slots
         self._delta_area = delta_area
@@ -123,5 +116,6 @@ class _StagedMetadata(MetadataBuffers):
         metadata = self._writers.get(module)
         if metadata is None:
             metadata = super().bound(module)
-            metadata.bind_device_table(self._device_table.rows(module), self._table_slots, self._delta_area)
+            metadata.bind_device_table(self._device_table.rows(module), self._table_slots, self._delta_area,
+                                       *self._gathers)
         return metadata

@@ -33,10 +33,8 @@ class DeviceBlockTable:
         packed: torch.Tensor,
         delta_offset: int,
         num_changed: int,
-        kv_lens: torch.Tensor,
         table_slots: torch.Tensor,
-        kv_indptr: Sequence[torch.Tensor],
-        block_sizes: Sequence[int],
+        gathers: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         num_indices: Sequence[int],
     ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
 
