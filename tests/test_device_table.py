@@ -261,3 +261,21 @@ def test_binding_the_gather_arrays_checks_them_first(backend):
     inputs = preparer.prepare(requests, [])
     assert inputs.groups[0].kv_indices.tolist() == [3, 4]
     assert staged_gather(preparer, "gather_base")[:1].tolist() == [2 - 2]
+
+
+def test_binding_new_arrays_unbinds_the_device_table(backend):
+    """bind() replaces the arrays the device table's were kept with: the writer then has no
+    device table (it writes no table slots, gather values or changed entries) until
+    bind_device_table() is called again."""
+    def arrays():
+        return (np.zeros(2, np.int32), np.zeros(3, np.int32), [np.zeros(8, np.int64)], [np.zeros(3, np.int32)],
+                [np.zeros(2, np.int32)])
+
+    metadata = backend.AttentionMetadata()
+    metadata.bind(4, *arrays())
+    gathers = ([np.zeros(2, np.int32)], [np.zeros(2, np.int32)], [np.zeros(2, np.int64)])
+    metadata.bind_device_table(backend.DeviceTableRows(2, 1, 4), np.zeros(2, np.int32), np.zeros(32, np.int32),
+                               *gathers)
+    assert metadata.has_device_table
+    metadata.bind(4, *arrays())
+    assert not metadata.has_device_table

@@ -98,6 +98,9 @@ cdef class AttentionMetadata:
         if block_table is not None and (len(block_table) != count or len(kv_indices) != count):
             raise ValueError("one block_table and kv_indices per layer group")
         self.release()
+        # the device table's arrays were owned through the old _arrays: unbound with them
+        self.has_device_table = False
+        self.rows = None
         self._arrays = (kv_lens, cu_kv_seqlens, tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len),
                         None if block_table is None else tuple(block_table),
                         None if kv_indices is None else tuple(kv_indices))

@@ -101,6 +101,7 @@ class AttentionMetadata:
                 raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, "
                                  f"got {block_table[group].shape[1]}")
         self.release()
+        self.has_device_table = False  # the device table is bound to the old arrays: bind it again
         self.width = max_blocks_per_seq
         self.kv_lens, self.cu_kv_seqlens = kv_lens, cu_kv_seqlens
         self.slot_mapping, self.kv_indptr = tuple(slot_mapping), tuple(kv_indptr)
