@@ -72,6 +72,10 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
     cdef int64_t* token_ends = NULL
     cdef int64_t* group_ends = NULL
     cdef unsigned char* is_new = NULL
+    # out's fields in locals too: the loop's int64 stores may alias them, so the compiler
+    # would reload them every row
+    cdef int32_t* out_tokens = out.tokens
+    cdef Py_ssize_t token_capacity = out.token_capacity
     cdef Py_ssize_t room = state.segment_capacity - totals[2]  # segment jobs left
     cdef const int32_t* data
     cdef PyObject** requests = PySequence_Fast_ITEMS(items)
@@ -146,7 +150,7 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
             scheduled = 1
         new_tokens = size - begin
         data = (<Int32Buffer>tokens).data
-        if request_ids != NULL and new_tokens <= out.token_capacity - num_tokens:
+        if request_ids != NULL and new_tokens <= token_capacity - num_tokens:
             # straight into the output (write_report writes the other rows likewise)
             job.direct = True
             request_ids[index] = slot.request_id
@@ -155,9 +159,9 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
             scheduled_tokens[index] = scheduled
             replaced_tokens[index] = job.replaced
             if new_tokens == 1:
-                out.tokens[num_tokens] = data[begin]
+                out_tokens[num_tokens] = data[begin]
             elif new_tokens:
-                memcpy(out.tokens + num_tokens, data + begin, new_tokens * sizeof(int32_t))
+                memcpy(out_tokens + num_tokens, data + begin, new_tokens * sizeof(int32_t))
             token_ends[index] = num_tokens + new_tokens
             group_ends[index] = segment + num_groups
             num_direct += 1
