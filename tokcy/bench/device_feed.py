@@ -16,6 +16,10 @@ torch calls do their work inside the call, so there the figure includes that wor
 * ``prepare_inputs``: the token inputs into ``HostBuffers`` on the host alone (its
   ``input_ids`` and ``position_ids`` read likewise), the reference the goal "within 1.5x
   of prepare_inputs" is measured against.
+
+Each row's note also gives the torch calls one step makes (counted, not timed): on a GPU
+each is a launch or a view paid on the host, so the count is the part of the GPU goal this
+machine can check without one.
 """
 
 from __future__ import annotations
@@ -40,6 +44,26 @@ def feed_device():
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_calls(step):
+    """The torch functions and tensor methods a steady call of ``step`` calls (a count): the
+    two calls before it, not counted, have made and kept the views of its sizes (the
+    first may follow other steps of the same world, and so send more changed entries)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    step()
+    step()
+    with Count():
+        step()
+    return Count.calls
 
 
 def steps(world, device):
@@ -107,8 +131,11 @@ class DeviceFeed(Scenario):
         # one step per sample (number=1): back-to-back steps would refill a staging slot
         # whose copy is in flight, and wait for the device
         timings = {name: measure(step, plan, before=drain, number=1) for name, step in implementations.items()}
+        calls = ", ".join(f"{name} {torch_calls(step)}" for name, step in implementations.items())
         return Row(config=dict(config), values={name: t.median for name, t in timings.items()},
-                   timings={name: t.as_dict() for name, t in timings.items()})
+                   timings={name: t.as_dict() for name, t in timings.items()},
+                   note=f"B={config['requests']:,} L={config['seq_len']:,}: torch calls per step (each a launch or "
+                        f"a view on a GPU): {calls}")
 
     def goals(self, rows, backend):
         if backend == "python":
