@@ -107,7 +107,7 @@ def test_block_table_calls_do_not_grow_with_the_batch(backend, batch):
     requests[1].block_tables[0][-1] = 7  # one changed entry: sent and scattered
     with CountCalls() as calls:
         inputs = preparer.prepare([], requests)
-    assert sorted(calls.names) == sorted(STEP + ["__getitem__", "__getitem__", "long", "__setitem__"] + PER_GROUP)
+    assert sorted(calls.names) == sorted(STEP + ["__getitem__", "__getitem__", "__setitem__"] + PER_GROUP)
     assert inputs.block_table[1, width - 1].item() == 7
 
 

@@ -59,8 +59,8 @@ class DeviceBlockTable:
         Every view of a persistent tensor it needs is made once per size and kept
         (``_batch_views``): a group costs six torch calls, each a device op."""
         torch = self._torch
-        if num_changed:
-            indices = packed[delta_offset : delta_offset + num_changed].long()
+        if num_changed:  # int32 indices index as they are (no conversion launch)
+            indices = packed[delta_offset : delta_offset + num_changed]
             self._flat[indices] = packed[delta_offset + num_changed : delta_offset + 2 * num_changed]
         views = self._batch_views(table_slots.shape[0])
         outputs = []
