@@ -242,25 +242,32 @@ def test_worked_example_what_the_gather_reads(backend, prefill, released):
 
 
 def test_binding_the_gather_arrays_checks_them_first(backend):
-    """A wrong count or dtype of the gather arrays raises and binds nothing: the
-    metadata writes the same step afterwards."""
-    requests = [backend.Request(5, np.arange(6, dtype=np.int32))]
-    requests[0].seq_slot = 0
-    requests[0].block_tables[0].extend([3, 4])
+    """A wrong count or dtype of the gather arrays raises and binds nothing: the writer
+    keeps its staging buffer's arrays, and the step after writes them (two sequences of
+    block size 4: A, 6 tokens -> 2 blocks, run start 0; B, 3 tokens -> 1 block, run start
+    4 + 1 - 3 = 2), never the rejected ones."""
+    requests = []
+    for request_id, length, table in ((5, 6, [3, 4]), (6, 3, [5])):
+        request = backend.Request(request_id, np.arange(length, dtype=np.int32))
+        request.seq_slot = request_id - 5
+        request.block_tables[0].extend(table)
+        requests.append(request)
     preparer = InputPreparer(16, 2, block_size=4, max_blocks_per_seq=4, max_slots=2)
-    staged = preparer._host[0].metadata  # the first staging buffer's MetadataBuffers
-    metadata = staged.bound(backend)
+    metadata = preparer._host[0].metadata.bound(backend)  # the first staging buffer's writer
     rows = preparer.device_table.rows(backend)
     slots, deltas = np.zeros(2, np.int32), np.zeros(64, np.int32)
     blocks, live, base = np.zeros(2, np.int32), np.zeros(2, np.int32), np.zeros(2, np.int64)
     with pytest.raises(ValueError, match="one gather_blocks, gather_live and gather_base per layer group"):
         metadata.bind_device_table(rows, slots, deltas, [blocks, blocks], [live], [base])
-    if backend.__name__ == "tokcy._core":  # the compiled writer's pointers are typed
-        with pytest.raises(ValueError, match="dtype mismatch"):
-            metadata.bind_device_table(rows, slots, deltas, [blocks], [live], [blocks])
+    with pytest.raises(ValueError):  # an int32 array where the run starts (int64) go
+        metadata.bind_device_table(rows, slots, deltas, [blocks], [live], [blocks])
     inputs = preparer.prepare(requests, [])
-    assert inputs.groups[0].kv_indices.tolist() == [3, 4]
-    assert staged_gather(preparer, "gather_base")[:1].tolist() == [2 - 2]
+    assert inputs.groups[0].kv_indices.tolist() == [3, 4, 5]
+    assert staged_gather(preparer, "gather_blocks")[:2].tolist() == [2, 1]
+    assert staged_gather(preparer, "gather_live")[:2].tolist() == [2, 1]
+    assert staged_gather(preparer, "gather_base")[:2].tolist() == [0, 2]
+    for array in (slots, deltas, blocks, live, base):
+        assert not array.any()
 
 
 def test_binding_new_arrays_unbinds_the_device_table(backend):
@@ -279,3 +286,35 @@ def test_binding_new_arrays_unbinds_the_device_table(backend):
     assert metadata.has_device_table
     metadata.bind(4, *arrays())
     assert not metadata.has_device_table
+
+
+def test_a_writer_whose_device_table_failed_to_bind_is_not_kept(backend):
+    """A staging buffer's writer is kept only once its device table is bound: a writer
+    without one would leave the table slots and gather arrays apply() reads unwritten."""
+    preparer = InputPreparer(16, 2, block_size=4, max_blocks_per_seq=4, max_slots=2)
+    staged = preparer._host[0].metadata
+    gathers, staged._gathers = staged._gathers, ([], [], [])
+    with pytest.raises(ValueError, match="one gather_blocks, gather_live and gather_base per layer group"):
+        staged.bound(backend)
+    staged._gathers = gathers
+    assert staged.bound(backend).has_device_table
+
+
+def test_a_rejected_bind_keeps_the_arrays_it_had(backend):
+    """bind() checks every array before it changes anything: a block table of the wrong
+    width raises, and the writer still writes its staging buffer (device table included)."""
+    requests = [backend.Request(5, np.arange(6, dtype=np.int32))]
+    requests[0].seq_slot = 1
+    requests[0].block_tables[0].extend([3, 4])
+    preparer = InputPreparer(16, 2, block_size=4, max_blocks_per_seq=4, max_slots=2)
+    metadata = preparer._host[0].metadata.bound(backend)
+    host = (np.zeros(2, np.int32), np.zeros(3, np.int32), [np.zeros(8, np.int64)], [np.zeros(3, np.int32)],
+            [np.zeros(2, np.int32)])
+    with pytest.raises(ValueError, match=r"block_table\[0\] must have 4 columns, got 3"):
+        metadata.bind(4, *host, [np.zeros((2, 3), np.int32)], [np.zeros(8, np.int32)])
+    assert metadata.has_device_table
+    inputs = preparer.prepare(requests, [])
+    assert inputs.groups[0].kv_indices.tolist() == [3, 4]
+    assert preparer.block_table[0, 1, :2].tolist() == [3, 4]
+    for array in host[:2]:
+        assert not array.any()

@@ -33,6 +33,7 @@ cdef class AttentionMetadata:
     cdef int block_shift[MAX_LAYER_GROUPS]   # log2(block_size), or -1 if it is not a power of two
     cdef object _block_sizes           # the tuple last configured (identity fast path)
     cdef tuple _arrays                 # every bound array, owned
+    cdef tuple _device_arrays          # bind_device_table's arrays, owned while it is bound
     cdef int32_t* kv_lens
     cdef int32_t* cu_kv_seqlens
     cdef int64_t* slot_mapping[MAX_LAYER_GROUPS]
@@ -87,6 +88,15 @@ cdef class AttentionMetadata:
         ``kv_indices``. Every array C-contiguous and writable."""
         cdef Py_ssize_t group, count = len(slot_mapping)
         cdef int32_t[:, ::1] dense
+        cdef int64_t* slots[MAX_LAYER_GROUPS]
+        cdef int32_t* indptr[MAX_LAYER_GROUPS]
+        cdef int32_t* last_page_len[MAX_LAYER_GROUPS]
+        cdef int32_t* tables[MAX_LAYER_GROUPS]
+        cdef int32_t* indices[MAX_LAYER_GROUPS]
+        cdef Py_ssize_t cap_indices[MAX_LAYER_GROUPS]
+        cdef int32_t* lens
+        cdef int32_t* cu_lens
+        cdef Py_ssize_t cap_tokens = -1, cap_seqs
         if count < 1 or count > MAX_LAYER_GROUPS:
             raise ValueError(f"between 1 and {MAX_LAYER_GROUPS} layer groups, got {count}")
         if max_blocks_per_seq < 1:
@@ -97,36 +107,50 @@ cdef class AttentionMetadata:
             raise ValueError("block_table and kv_indices are both given or both None")
         if block_table is not None and (len(block_table) != count or len(kv_indices) != count):
             raise ValueError("one block_table and kv_indices per layer group")
-        self.release()
-        # the device table's arrays were owned through the old _arrays: unbound with them
-        self.has_device_table = False
-        self.rows = None
-        self._arrays = (kv_lens, cu_kv_seqlens, tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len),
-                        None if block_table is None else tuple(block_table),
-                        None if kv_indices is None else tuple(kv_indices))
-        self.width = max_blocks_per_seq
-        self.kv_lens = int32_pointer(kv_lens)
-        self.cu_kv_seqlens = int32_pointer(cu_kv_seqlens)
-        self.cap_tokens = -1
-        self.cap_seqs = min(len(kv_lens), len(cu_kv_seqlens) - 1)
+        arrays = (kv_lens, cu_kv_seqlens, tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len),
+                  None if block_table is None else tuple(block_table),
+                  None if kv_indices is None else tuple(kv_indices))
+        # every pointer taken (each array checked) before anything changes: a bad array
+        # leaves the writer bound to its old arrays, which it still owns
+        lens = int32_pointer(kv_lens)
+        cu_lens = int32_pointer(cu_kv_seqlens)
+        cap_seqs = min(len(kv_lens), len(cu_kv_seqlens) - 1)
         for group in range(count):
-            self.slot_mapping[group] = int64_pointer(slot_mapping[group])
-            self.kv_indptr[group] = int32_pointer(kv_indptr[group])
-            self.kv_last_page_len[group] = int32_pointer(kv_last_page_len[group])
-            self.cap_tokens = len(slot_mapping[group]) if self.cap_tokens < 0 else min(self.cap_tokens, len(slot_mapping[group]))
-            self.cap_seqs = min(self.cap_seqs, len(kv_indptr[group]) - 1, len(kv_last_page_len[group]))
+            slots[group] = int64_pointer(arrays[2][group])
+            indptr[group] = int32_pointer(arrays[3][group])
+            last_page_len[group] = int32_pointer(arrays[4][group])
+            cap_tokens = len(arrays[2][group]) if cap_tokens < 0 else min(cap_tokens, len(arrays[2][group]))
+            cap_seqs = min(cap_seqs, len(arrays[3][group]) - 1, len(arrays[4][group]))
             if block_table is None:
-                self.block_table[group] = NULL
-                self.kv_indices[group] = NULL
-                self.cap_indices[group] = -1
+                tables[group] = NULL
+                indices[group] = NULL
+                cap_indices[group] = -1
             else:
-                dense = block_table[group]
+                dense = arrays[5][group]
                 if dense.shape[1] != max_blocks_per_seq:
                     raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, got {dense.shape[1]}")
-                self.block_table[group] = &dense[0, 0] if dense.shape[0] else NULL
-                self.cap_seqs = min(self.cap_seqs, dense.shape[0])
-                self.kv_indices[group] = int32_pointer(kv_indices[group])
-                self.cap_indices[group] = len(kv_indices[group])
+                tables[group] = &dense[0, 0] if dense.shape[0] else NULL
+                cap_seqs = min(cap_seqs, dense.shape[0])
+                indices[group] = int32_pointer(arrays[6][group])
+                cap_indices[group] = len(arrays[6][group])
+        self.release()
+        # the device table's arrays were sized with the old ones (cap_seqs): unbound with them
+        self.has_device_table = False
+        self.rows = None
+        self._device_arrays = None
+        self._arrays = arrays
+        self.width = max_blocks_per_seq
+        self.kv_lens = lens
+        self.cu_kv_seqlens = cu_lens
+        self.cap_tokens = cap_tokens
+        self.cap_seqs = cap_seqs
+        for group in range(count):
+            self.slot_mapping[group] = slots[group]
+            self.kv_indptr[group] = indptr[group]
+            self.kv_last_page_len[group] = last_page_len[group]
+            self.block_table[group] = tables[group]
+            self.kv_indices[group] = indices[group]
+            self.cap_indices[group] = cap_indices[group]
         self.num_bound_groups = count
         self._block_sizes = None
 
@@ -162,7 +186,7 @@ cdef class AttentionMetadata:
             cap_seqs = min(cap_seqs, len(gathers[0][group]), len(gathers[1][group]), len(gathers[2][group]))
         self.release()
         self.rows = rows
-        self._arrays = self._arrays + (table_slots, delta_area, gathers)  # owned while bound
+        self._device_arrays = (table_slots, delta_area, gathers)
         self.table_slots = slots
         self.delta_area = deltas
         self.cap_seqs = cap_seqs

@@ -4,8 +4,8 @@ One whole engine step of ``InputPreparer.prepare`` for 256 decode requests, with
 size (tokens and attention metadata, the device block table's scatter and gather) and
 without, beside ``prepare_inputs`` on the host alone; on the CPU here (the torch calls do
 the device-side work inside the call), on the first CUDA device where torch sees one.
-``track_torch_calls_*``: the torch calls one step makes, each a launch or a view paid on
-the host on a GPU (a count, the same on every machine).
+``track_torch_calls_*``: the torch calls one step makes, each paid on the host (on a GPU
+one or more kernel launches, or a view): a count, the same on every machine.
 """
 
 from tokcy.bench import attention, device_feed

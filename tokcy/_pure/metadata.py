@@ -130,6 +130,12 @@ class AttentionMetadata:
         if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
         gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
+        for arrays, dtype in zip(gathers, (np.int32, np.int32, np.int64)):
+            for array in arrays:  # what the compiled writer's typed pointers take, checked first
+                if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == 1
+                        and array.flags.c_contiguous and array.flags.writeable):
+                    raise ValueError(f"each gather array must be a 1-D, C-contiguous, writable "
+                                     f"{np.dtype(dtype).name} numpy array")
         self.release()
         self.rows = rows
         max_slots = rows.max_slots

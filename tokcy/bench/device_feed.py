@@ -18,8 +18,8 @@ torch calls do their work inside the call, so there the figure includes that wor
   of prepare_inputs" is measured against.
 
 Each row's note also gives the torch calls one step makes (counted, not timed): on a GPU
-each is a launch or a view paid on the host, so the count is the part of the GPU goal this
-machine can check without one.
+each is one or more launches, or a view, paid on the host, so the count is the part of the
+GPU goal this machine can check without one.
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ class DeviceFeed(Scenario):
         calls = ", ".join(f"{name} {torch_calls(step)}" for name, step in implementations.items())
         return Row(config=dict(config), values={name: t.median for name, t in timings.items()},
                    timings={name: t.as_dict() for name, t in timings.items()},
-                   note=f"B={config['requests']:,} L={config['seq_len']:,}: torch calls per step (each a launch or "
-                        f"a view on a GPU): {calls}")
+                   note=f"B={config['requests']:,} L={config['seq_len']:,}: torch calls per step (on a GPU each one or "
+                        f"more launches, or a view): {calls}")
 
     def goals(self, rows, backend):
         if backend == "python":

@@ -57,9 +57,9 @@ class DeviceBlockTable:
         kv_indices view).
 
         Every view of a persistent tensor it needs is made once per size and kept
-        (``_batch_views``): a group costs six torch calls, each a device op."""
+        (``_batch_views``): a group costs six torch calls, each one or more device ops."""
         torch = self._torch
-        if num_changed:  # int32 indices index as they are (no conversion launch)
+        if num_changed:  # int32 indices index as they are (one torch call fewer than .long())
             indices = packed[delta_offset : delta_offset + num_changed]
             self._flat[indices] = packed[delta_offset + num_changed : delta_offset + 2 * num_changed]
         views = self._batch_views(table_slots.shape[0])
@@ -116,6 +116,10 @@ class _StagedMetadata(MetadataBuffers):
         metadata = self._writers.get(module)
         if metadata is None:
             metadata = super().bound(module)
-            metadata.bind_device_table(self._device_table.rows(module), self._table_slots, self._delta_area,
-                                       *self._gathers)
+            try:
+                metadata.bind_device_table(self._device_table.rows(module), self._table_slots, self._delta_area,
+                                           *self._gathers)
+            except BaseException:  # not kept: a writer without its device table would feed apply() stale arrays
+                del self._writers[module]
+                raise
         return metadata
