@@ -1,8 +1,8 @@
 """The device block table kept by deltas (CPU tensors here), both backends.
 
 * Random runs (appends, rewinds that free and re-allocate blocks, sliding-window releases,
-  pauses, requests leaving and slots handed to new requests, either reader skipping
-  steps): after every step the device rows of the scheduled requests equal their tables,
+  pauses, requests leaving and slots handed to new requests, decode batches padded to a
+  CUDA-graph size, either reader skipping steps): after every step the device rows of the scheduled requests equal their tables,
   the gathered dense and CSR tables equal the host ones, and the connector reading the
   same tables in the same run still passes its mirror check.
 * Counting: ``last_copy_bytes`` per decode step does not depend on the context length and
@@ -30,14 +30,14 @@ class World:
 
     def __init__(self, module, rng, block_sizes, device="cpu"):
         self.module, self.rng, self.block_sizes = module, rng, block_sizes
-        self.preparer = InputPreparer(64, SLOTS, block_sizes=block_sizes, max_blocks_per_seq=WIDTH,
+        self.preparer = InputPreparer(64 + SLOTS, SLOTS, block_sizes=block_sizes, max_blocks_per_seq=WIDTH,
                                       max_slots=SLOTS, device=device)
         self.manager, self.store = SchedulerOutputManager(), OffloadStore()
         self.free = list(range(200, 0, -1))
         self.used_slots = set()
         self.live = []
         self.next_id = 0
-        self.events = dict.fromkeys(("leave", "pause", "rewind", "release", "reused slot"), 0)
+        self.events = dict.fromkeys(("leave", "pause", "rewind", "release", "reused slot", "padded"), 0)
 
     def blocks(self, count):
         return [self.free.pop() for _ in range(count)]
@@ -106,9 +106,11 @@ class World:
         for request in generation:
             self.cover(request, request.get_num_tokens(0))
         batch = {"context": context, "generation": generation, "first_draft": [], "device": []}
+        sizes = [SLOTS] if rng.random() < 0.5 else None  # a decode batch is then padded to SLOTS sequences
         if index % 3 or rng.random() < 0.5:  # the device table skips some steps
-            inputs = self.preparer.prepare(context, generation)
-            self.check_device(inputs, batch)
+            inputs = self.preparer.prepare(context, generation, cuda_graph_batch_sizes=sizes)
+            self.events["padded"] += inputs.padded_batch_size > inputs.num_sequences
+            self.check_device(inputs, batch, sizes)
         if index % 4 or rng.random() < 0.5:  # the connector skips others
             self.store.apply(self.manager.build_scheduler_output(context, generation))
             for request in context + generation:
@@ -119,16 +121,16 @@ class World:
         for request in generation:
             request.add_new_token(int(rng.integers(0, 100)))
 
-    def check_device(self, inputs, batch):
+    def check_device(self, inputs, batch, sizes):
         table = self.preparer.block_table
         for request in batch["context"] + batch["generation"]:
             for group, real in enumerate(request.block_tables):
                 row = table[group, request.seq_slot].tolist()
                 assert row == real.tolist() + [0] * (WIDTH - len(real)), (request.request_id, group)
-        top, groups = attention_reference(batch, 0, None, self.block_sizes, WIDTH)
+        top, groups = attention_reference(batch, 0, sizes, self.block_sizes, WIDTH)
         assert_metadata(inputs, top, groups)
         host = prepare_inputs(batch["context"], batch["generation"], block_sizes=self.block_sizes,
-                              max_blocks_per_seq=WIDTH)
+                              max_blocks_per_seq=WIDTH, cuda_graph_batch_sizes=sizes)
         assert_metadata(host, top, groups)
 
 
@@ -142,7 +144,7 @@ def test_random_runs(backend, block_sizes):
             world.step(index)
         for name, count in world.events.items():
             events[name] = events.get(name, 0) + count
-    assert all(events[name] > 0 for name in ("leave", "pause", "rewind", "reused slot")), events
+    assert all(events[name] > 0 for name in ("leave", "pause", "rewind", "reused slot", "padded")), events
     assert (events["release"] > 0) == (len(block_sizes) > 1), events
 
 
