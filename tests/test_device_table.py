@@ -2,7 +2,8 @@
 
 * Random runs (appends, rewinds that free and re-allocate blocks, sliding-window releases,
   pauses, requests leaving and slots handed to new requests, decode batches padded to a
-  CUDA-graph size, either reader skipping steps): after every step the device rows of the scheduled requests equal their tables,
+  CUDA-graph size, decode rows whose newest token comes from the device, either reader
+  skipping steps): after every step the device rows of the scheduled requests equal their tables,
   the gathered dense and CSR tables equal the host ones, and the connector reading the
   same tables in the same run still passes its mirror check.
 * Counting: ``last_copy_bytes`` per decode step does not depend on the context length and
@@ -37,7 +38,9 @@ class World:
         self.used_slots = set()
         self.live = []
         self.next_id = 0
-        self.events = dict.fromkeys(("leave", "pause", "rewind", "release", "reused slot", "padded"), 0)
+        self.events = dict.fromkeys(("leave", "pause", "rewind", "release", "reused slot", "padded", "device rows"), 0)
+        # the previous step's sampled tokens on the device, by seq_slot
+        self.sampled = torch.arange(1000, 1000 + SLOTS, dtype=torch.int32, device=device)
 
     def blocks(self, count):
         return [self.free.pop() for _ in range(count)]
@@ -100,26 +103,35 @@ class World:
                 table.release_front(max(before, int(rng.integers(0, window + 1))))
                 self.events["release"] += table.num_released > before
         context = [r for r in self.live if r.state != GENERATING]
-        generation = [r for r in self.live if r.state == GENERATING]
+        decoding = [r for r in self.live if r.state == GENERATING]
+        # overlap scheduling: some decode rows take their newest token (position n) from the device
+        device = [r for r in decoding if rng.random() < 0.25]
+        generation = [r for r in decoding if r not in device]
         for request in context:
             self.cover(request, request.prompt_len)
         for request in generation:
             self.cover(request, request.get_num_tokens(0))
-        batch = {"context": context, "generation": generation, "first_draft": [], "device": []}
+        for request in device:
+            self.cover(request, request.get_num_tokens(0) + 1)
+        batch = {"context": context, "generation": generation, "first_draft": [], "device": device}
         sizes = [SLOTS] if rng.random() < 0.5 else None  # a decode batch is then padded to SLOTS sequences
         if index % 3 or rng.random() < 0.5:  # the device table skips some steps
-            inputs = self.preparer.prepare(context, generation, cuda_graph_batch_sizes=sizes)
+            inputs = self.preparer.prepare(context, generation, device_token_requests=device,
+                                           previous_new_tokens=self.sampled, cuda_graph_batch_sizes=sizes)
             self.events["padded"] += inputs.padded_batch_size > inputs.num_sequences
+            self.events["device rows"] += len(device)
             self.check_device(inputs, batch, sizes)
         if index % 4 or rng.random() < 0.5:  # the connector skips others
-            self.store.apply(self.manager.build_scheduler_output(context, generation))
-            for request in context + generation:
+            self.store.apply(self.manager.build_scheduler_output(context, generation, device))
+            for request in context + generation + device:
                 self.store.check(request)
         for request in context:
             request.move_to_next_context_chunk()
             request.state = GENERATING
         for request in generation:
             request.add_new_token(int(rng.integers(0, 100)))
+        for request in device:  # the token the device sampled reaches the host
+            request.add_new_token(int(self.sampled[request.seq_slot]))
 
     def check_device(self, inputs, batch, sizes):
         table = self.preparer.block_table
@@ -129,8 +141,11 @@ class World:
                 assert row == real.tolist() + [0] * (WIDTH - len(real)), (request.request_id, group)
         top, groups = attention_reference(batch, 0, sizes, self.block_sizes, WIDTH)
         assert_metadata(inputs, top, groups)
-        host = prepare_inputs(batch["context"], batch["generation"], block_sizes=self.block_sizes,
-                              max_blocks_per_seq=WIDTH, cuda_graph_batch_sizes=sizes)
+        start = inputs.device_token_row_start
+        expected = [int(self.sampled[request.seq_slot]) for request in batch["device"]]
+        assert inputs.input_ids[start : start + len(expected)].tolist() == expected
+        host = prepare_inputs(batch["context"], batch["generation"], device_token_requests=batch["device"],
+                              block_sizes=self.block_sizes, max_blocks_per_seq=WIDTH, cuda_graph_batch_sizes=sizes)
         assert_metadata(host, top, groups)
 
 
@@ -144,7 +159,7 @@ def test_random_runs(backend, block_sizes):
             world.step(index)
         for name, count in world.events.items():
             events[name] = events.get(name, 0) + count
-    assert all(events[name] > 0 for name in ("leave", "pause", "rewind", "reused slot", "padded")), events
+    assert all(events[name] > 0 for name in ("leave", "pause", "rewind", "reused slot", "padded", "device rows")), events
     assert (events["release"] > 0) == (len(block_sizes) > 1), events
 
 
