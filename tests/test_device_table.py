@@ -215,6 +215,26 @@ def staged_gather(preparer, name, slot=0):
     return preparer._packed_field(preparer._staging[slot].numpy(), f"{name}/0")
 
 
+def slotted_requests(backend, rows, generating=False):
+    """A Request per (request_id, seq_slot, token count, block ids), tokens 0, 1, ..."""
+    requests = []
+    for request_id, slot, length, table in rows:
+        request = backend.Request(request_id, np.arange(length, dtype=np.int32))
+        if generating:
+            request.state = GENERATING
+        request.seq_slot = slot
+        request.block_tables[0].extend(table)
+        requests.append(request)
+    return requests
+
+
+def one_group_arrays():
+    """kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len for bind(): 2
+    sequences, 8 token rows, one group, all zero."""
+    return (np.zeros(2, np.int32), np.zeros(3, np.int32), [np.zeros(8, np.int64)], [np.zeros(3, np.int32)],
+            [np.zeros(2, np.int32)])
+
+
 # (prefill, blocks A's window released) -> per sequence (blocks, live, run starts), then
 # kv_indptr, kv_indices and the dense rows (4 columns)
 GATHER_EXAMPLES = {
@@ -235,14 +255,7 @@ def test_worked_example_what_the_gather_reads(backend, prefill, released):
     general writer, no padding; nothing released, the chunk covers block 0): A 0 + 3 -
     3 = 0, B 8 + 1 - 4 = 5."""
     blocks, live, starts, indptr, indices, dense = GATHER_EXAMPLES[prefill, released]
-    requests = []
-    for request_id, length, table in ((7, 10, [30, 31, 32]), (8, 4, [40])):
-        request = backend.Request(request_id, np.arange(length, dtype=np.int32))
-        if not prefill:
-            request.state = GENERATING
-        request.seq_slot = request_id - 7
-        request.block_tables[0].extend(table)
-        requests.append(request)
+    requests = slotted_requests(backend, [(7, 0, 10, [30, 31, 32]), (8, 1, 4, [40])], generating=not prefill)
     requests[0].block_tables[0].release_front(released)
     preparer = InputPreparer(32, 4, block_size=4, max_blocks_per_seq=8, max_slots=2)
     context, generation = (requests, []) if prefill else ([], requests)
@@ -263,12 +276,7 @@ def test_binding_the_gather_arrays_checks_them_first(backend):
     keeps its staging buffer's arrays, and the step after writes them (two sequences of
     block size 4: A, 6 tokens -> 2 blocks, run start 0; B, 3 tokens -> 1 block, run start
     4 + 1 - 3 = 2), never the rejected ones."""
-    requests = []
-    for request_id, length, table in ((5, 6, [3, 4]), (6, 3, [5])):
-        request = backend.Request(request_id, np.arange(length, dtype=np.int32))
-        request.seq_slot = request_id - 5
-        request.block_tables[0].extend(table)
-        requests.append(request)
+    requests = slotted_requests(backend, [(5, 0, 6, [3, 4]), (6, 1, 3, [5])])
     preparer = InputPreparer(16, 2, block_size=4, max_blocks_per_seq=4, max_slots=2)
     metadata = preparer._host[0].metadata.bound(backend)  # the first staging buffer's writer
     rows = preparer.device_table.rows(backend)
@@ -278,6 +286,8 @@ def test_binding_the_gather_arrays_checks_them_first(backend):
         metadata.bind_device_table(rows, slots, deltas, [blocks, blocks], [live], [base])
     with pytest.raises(ValueError):  # an int32 array where the run starts (int64) go
         metadata.bind_device_table(rows, slots, deltas, [blocks], [live], [blocks])
+    with pytest.raises(ValueError):  # int64 table slots (int32 on both backends)
+        metadata.bind_device_table(rows, base, deltas, [blocks], [live], [base])
     inputs = preparer.prepare(requests, [])
     assert inputs.groups[0].kv_indices.tolist() == [3, 4, 5]
     assert staged_gather(preparer, "gather_blocks")[:2].tolist() == [2, 1]
@@ -291,17 +301,13 @@ def test_binding_new_arrays_unbinds_the_device_table(backend):
     """bind() replaces the arrays the device table's were kept with: the writer then has no
     device table (it writes no table slots, gather values or changed entries) until
     bind_device_table() is called again."""
-    def arrays():
-        return (np.zeros(2, np.int32), np.zeros(3, np.int32), [np.zeros(8, np.int64)], [np.zeros(3, np.int32)],
-                [np.zeros(2, np.int32)])
-
     metadata = backend.AttentionMetadata()
-    metadata.bind(4, *arrays())
+    metadata.bind(4, *one_group_arrays())
     gathers = ([np.zeros(2, np.int32)], [np.zeros(2, np.int32)], [np.zeros(2, np.int64)])
     metadata.bind_device_table(backend.DeviceTableRows(2, 1, 4), np.zeros(2, np.int32), np.zeros(32, np.int32),
                                *gathers)
     assert metadata.has_device_table
-    metadata.bind(4, *arrays())
+    metadata.bind(4, *one_group_arrays())
     assert not metadata.has_device_table
 
 
@@ -320,13 +326,10 @@ def test_a_writer_whose_device_table_failed_to_bind_is_not_kept(backend):
 def test_a_rejected_bind_keeps_the_arrays_it_had(backend):
     """bind() checks every array before it changes anything: a block table of the wrong
     width raises, and the writer still writes its staging buffer (device table included)."""
-    requests = [backend.Request(5, np.arange(6, dtype=np.int32))]
-    requests[0].seq_slot = 1
-    requests[0].block_tables[0].extend([3, 4])
+    requests = slotted_requests(backend, [(5, 1, 6, [3, 4])])
     preparer = InputPreparer(16, 2, block_size=4, max_blocks_per_seq=4, max_slots=2)
     metadata = preparer._host[0].metadata.bound(backend)
-    host = (np.zeros(2, np.int32), np.zeros(3, np.int32), [np.zeros(8, np.int64)], [np.zeros(3, np.int32)],
-            [np.zeros(2, np.int32)])
+    host = one_group_arrays()
     with pytest.raises(ValueError, match=r"block_table\[0\] must have 4 columns, got 3"):
         metadata.bind(4, *host, [np.zeros((2, 3), np.int32)], [np.zeros(8, np.int32)])
     assert metadata.has_device_table

@@ -12,19 +12,7 @@ from tokcy import RequestState
 from tokcy.executor import InputPreparer
 
 torch = pytest.importorskip("torch")
-from torch.overrides import TorchFunctionMode  # noqa: E402
-
-
-class CountCalls(TorchFunctionMode):
-    """Counts every torch function and tensor method called while active, by name."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.append(getattr(func, "__name__", repr(func)))
-        return func(*args, **(kwargs or {}))
+from tokcy.bench.device_feed import torch_call_recorder  # noqa: E402
 
 
 def decode_batch(module, batch, seq_len=40, block_size=16, num_groups=1):
@@ -42,7 +30,7 @@ def decode_batch(module, batch, seq_len=40, block_size=16, num_groups=1):
 
 def counted(preparer, requests, **kwargs):
     preparer.prepare([], requests, **kwargs)  # the views of these sizes are made and kept
-    with CountCalls() as calls:
+    with torch_call_recorder() as calls:
         inputs = preparer.prepare([], requests, **kwargs)
     return inputs, sorted(calls.names)
 
@@ -55,7 +43,7 @@ def test_tokens_only_no_torch_call_on_cpu(backend, batch):
     preparer = InputPreparer(batch, batch)
     inputs, names = counted(preparer, requests)
     assert names == []
-    with CountCalls() as calls:  # a view read by the model is kept: read again, no call
+    with torch_call_recorder() as calls:  # a view read by the model is kept: read again, no call
         inputs.input_ids, inputs.input_ids, inputs.position_ids
     assert len(calls.names) == 2
     np.testing.assert_array_equal(inputs.input_ids.numpy(), np.full(batch, 39, np.int32))
@@ -105,7 +93,7 @@ def test_block_table_calls_do_not_grow_with_the_batch(backend, batch):
     requests[0].block_tables[0][-1] = 5  # a step with one changed entry: its copy length's views made
     preparer.prepare([], requests)
     requests[1].block_tables[0][-1] = 7  # one changed entry: sent and scattered
-    with CountCalls() as calls:
+    with torch_call_recorder() as calls:
         inputs = preparer.prepare([], requests)
     assert sorted(calls.names) == sorted(STEP + ["__getitem__", "__getitem__", "__setitem__"] + PER_GROUP)
     assert inputs.block_table[1, width - 1].item() == 7

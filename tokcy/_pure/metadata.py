@@ -130,12 +130,14 @@ class AttentionMetadata:
         if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
         gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
-        for arrays, dtype in zip(gathers, (np.int32, np.int32, np.int64)):
-            for array in arrays:  # what the compiled writer's typed pointers take, checked first
-                if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == 1
-                        and array.flags.c_contiguous and array.flags.writeable):
-                    raise ValueError(f"each gather array must be a 1-D, C-contiguous, writable "
-                                     f"{np.dtype(dtype).name} numpy array")
+        checked = [("table_slots", table_slots, np.int32), ("delta_area", delta_area, np.int32)]
+        for name, arrays, dtype in zip(("gather_blocks", "gather_live", "gather_base"), gathers,
+                                       (np.int32, np.int32, np.int64)):
+            checked += [(name, array, dtype) for array in arrays]
+        for name, array, dtype in checked:  # what the compiled writer's typed pointers take, checked first
+            if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == 1
+                    and array.flags.c_contiguous and array.flags.writeable):
+                raise ValueError(f"{name} must be a 1-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
         self.release()
         self.rows = rows
         max_slots = rows.max_slots
@@ -286,6 +288,7 @@ class AttentionMetadata:
         if self.has_device_table:
             self.table_slots[:count] = [entry[0] for entry, _, _, _ in sequences]
             self.table_slots[count:padded] = 0
+            row_starts = np.arange(padded, dtype=np.int64) * self.width  # each sequence's row, flat
         for group, block_size in enumerate(self.block_sizes):
             slots = self.slot_mapping[group]
             indptr = self.kv_indptr[group]
@@ -318,7 +321,7 @@ class AttentionMetadata:
                 num_blocks = self.gather_blocks[group][:padded]
                 num_blocks[:] = -(-self.kv_lens[:padded] // block_size)
                 self.gather_live[group][:padded] = np.diff(indptr[: padded + 1])
-                self.gather_base[group][:padded] = np.arange(padded, dtype=np.int64) * self.width + num_blocks - ends
+                self.gather_base[group][:padded] = row_starts + num_blocks - ends
         if self.has_device_table:
             self._write_deltas(num_tokens)
 

@@ -46,24 +46,32 @@ def feed_device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def torch_call_recorder():
+    """A torch function mode that records, while active (``with``), the name of every torch
+    function and tensor method called, in ``.names``."""
+    from torch.overrides import TorchFunctionMode
+
+    class TorchCalls(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", repr(func)))
+            return func(*args, **(kwargs or {}))
+
+    return TorchCalls()
+
+
 def torch_calls(step):
     """The torch functions and tensor methods a steady call of ``step`` calls (a count): the
     two calls before it, not counted, have made and kept the views of its sizes (the
     first may follow other steps of the same world, and so send more changed entries)."""
-    from torch.overrides import TorchFunctionMode
-
-    class Count(TorchFunctionMode):
-        calls = 0
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            Count.calls += 1
-            return func(*args, **(kwargs or {}))
-
     step()
     step()
-    with Count():
+    with torch_call_recorder() as calls:
         step()
-    return Count.calls
+    return len(calls.names)
 
 
 def steps(world, device):
