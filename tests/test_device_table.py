@@ -190,7 +190,7 @@ def test_bytes_per_decode_step_do_not_grow_with_context(backend):
     short = decode_bytes(backend, 2048, 8, 40)
     long = decode_bytes(backend, 131_072, 8, 40)
     assert short == long  # block boundaries fall at the same steps: 2048 and 131072 are multiples of 16
-    assert max(short) - min(short) == 8 * 8  # a step where every request gains a block: 8 entries of 8 bytes
+    assert max(short) - min(short) == 8 * 12  # a step where every request gains a block: 8 entries (int64 index, int32 value)
 
 
 def test_bytes_grow_with_the_batch_and_blocks_added_not_blocks_held(backend):
@@ -281,11 +281,15 @@ def test_binding_the_gather_arrays_checks_them_first(backend):
     metadata = preparer._host[0].metadata.bound(backend)  # the first staging buffer's writer
     rows = preparer.device_table.rows(backend)
     slots, deltas = np.zeros(2, np.int32), np.zeros(64, np.int32)
-    blocks, live, base = np.zeros(2, np.int32), np.zeros(2, np.int32), np.zeros(2, np.int64)
+    blocks, live, base = np.zeros(2, np.int32), np.zeros(2, np.int64), np.zeros(2, np.int64)
     with pytest.raises(ValueError, match="one gather_blocks, gather_live and gather_base per layer group"):
         metadata.bind_device_table(rows, slots, deltas, [blocks, blocks], [live], [base])
     with pytest.raises(ValueError):  # an int32 array where the run starts (int64) go
         metadata.bind_device_table(rows, slots, deltas, [blocks], [live], [blocks])
+    with pytest.raises(ValueError):  # an int32 array where the live blocks (int64: repeat_interleave's counts) go
+        metadata.bind_device_table(rows, slots, deltas, [blocks], [blocks], [base])
+    with pytest.raises(ValueError, match="delta_area must be 8-byte aligned"):  # int64 indices are written there
+        metadata.bind_device_table(rows, slots, deltas[1:], [blocks], [live], [base])
     with pytest.raises(ValueError):  # int64 table slots (int32 on both backends)
         metadata.bind_device_table(rows, base, deltas, [blocks], [live], [base])
     inputs = preparer.prepare(requests, [])
@@ -303,7 +307,7 @@ def test_binding_new_arrays_unbinds_the_device_table(backend):
     bind_device_table() is called again."""
     metadata = backend.AttentionMetadata()
     metadata.bind(4, *one_group_arrays())
-    gathers = ([np.zeros(2, np.int32)], [np.zeros(2, np.int32)], [np.zeros(2, np.int64)])
+    gathers = ([np.zeros(2, np.int32)], [np.zeros(2, np.int64)], [np.zeros(2, np.int64)])
     metadata.bind_device_table(backend.DeviceTableRows(2, 1, 4), np.zeros(2, np.int32), np.zeros(32, np.int32),
                                *gathers)
     assert metadata.has_device_table

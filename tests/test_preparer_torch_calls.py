@@ -107,3 +107,29 @@ def test_two_groups_cost_two_groups_of_calls(backend):
     preparer.prepare([], requests)
     _, names = counted(preparer, requests)
     assert names == sorted(STEP + PER_GROUP + PER_GROUP)
+
+
+def device_ops(preparer, requests):
+    """The aten ops (nested ones included) one prepare() runs, from torch's own profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        preparer.prepare([], requests)
+    return [event.name for event in prof.events()]
+
+
+@pytest.mark.parametrize("num_requests", [3, 4])  # odd and even token counts: the changed entries' padding word
+def test_a_steady_step_converts_no_dtype(backend, num_requests):
+    """Every array the device side reads arrives in the dtype its op takes (the scatter's
+    indices and repeat_interleave's counts as int64): a conversion would be one more
+    allocation and kernel launch per step on a GPU, hidden inside index_put_ or cumsum."""
+    requests, width = decode_batch(backend, num_requests)
+    preparer = InputPreparer(num_requests, num_requests, block_size=16, max_blocks_per_seq=width)
+    preparer.prepare([], requests)  # every table sent whole
+    requests[0].block_tables[0][-1] = 5
+    preparer.prepare([], requests)  # one changed entry: this copy length's views made
+    requests[1].block_tables[0][-1] = 7
+    ops = device_ops(preparer, requests)
+    assert "aten::index_put_" in ops and "aten::repeat_interleave" in ops  # the scatter and the CSR gather ran
+    assert [name for name in ops if name in ("aten::_to_copy", "aten::copy_", "aten::empty_strided")] == []
+    assert preparer.block_table[0, 1, width - 1].item() == 7

@@ -214,7 +214,7 @@ class AttentionMetadata:
         table_slots: npt.NDArray[np.int32],
         delta_area: npt.NDArray[np.int32],
         gather_blocks: Sequence[npt.NDArray[np.int32]],
-        gather_live: Sequence[npt.NDArray[np.int32]],
+        gather_live: Sequence[npt.NDArray[np.int64]],
         gather_base: Sequence[npt.NDArray[np.int64]],
     ) -> None: ...
     def results(self) -> tuple[int, int, int, tuple[int, ...]]: ...

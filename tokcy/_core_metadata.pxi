@@ -17,7 +17,7 @@
 # tables' marks (docs/change-tracking.md). No Python code runs between the plan and the
 # commit: InputWriter keeps a device table only in prepare(), never in plan() + write().
 # Pass 2 (write, without the GIL): write_sequence() / write_padding() fill the arrays,
-# write_deltas() the changed entries (index, value) after the used input ids.
+# write_deltas() the changed entries after the used input ids (delta_layout()'s places).
 #
 # The pieces of the plan (GroupSpec, the device table's rows, one row's delta) are in
 # _core_metadata_plan.pxi, included just before this file.
@@ -58,12 +58,12 @@ cdef class AttentionMetadata:
     cdef DeviceTableRows rows
     cdef Py_ssize_t max_slots
     cdef int32_t* table_slots          # per sequence: the row it reads (0 for padding)
-    cdef int32_t* delta_area           # the staging tail from input_ids: deltas go after the used ids
+    cdef int32_t* delta_area           # the staging tail from input_ids (8-byte aligned): deltas go after the used ids
     cdef Py_ssize_t delta_capacity
     # per sequence and group, what the device gather reads: the blocks holding the KV, the
     # live ones (the CSR row's length) and where its CSR run starts in the flat dense table
     cdef int32_t* gather_blocks[MAX_LAYER_GROUPS]
-    cdef int32_t* gather_live[MAX_LAYER_GROUPS]
+    cdef int64_t* gather_live[MAX_LAYER_GROUPS]
     cdef int64_t* gather_base[MAX_LAYER_GROUPS]
     cdef int32_t* sequence_slots       # per planned sequence: its seq_slot
     cdef Py_ssize_t planned_changes    # entries the planned sequences' rows need (plan_row_delta)
@@ -159,11 +159,12 @@ cdef class AttentionMetadata:
         """Keep the device block table whose rows ``rows`` describes: per sequence write the
         row it reads into ``table_slots``, the changed entries into ``delta_area``, and per
         group (a sequence of arrays each) what the device gather reads: ``gather_blocks``
-        (the blocks holding its KV), ``gather_live`` (its live blocks) and ``gather_base``
-        (int64: its row's flat start in the dense table plus its blocks, minus its CSR end)."""
+        (the blocks holding its KV), ``gather_live`` (int64: its live blocks) and ``gather_base``
+        (int64: its row's flat start in the dense table plus its blocks, minus its CSR end).
+        ``delta_area`` must be 8-byte aligned: the changed entries' indices are int64."""
         cdef Py_ssize_t group, count = self.num_bound_groups
         cdef int32_t* blocks[MAX_LAYER_GROUPS]
-        cdef int32_t* live[MAX_LAYER_GROUPS]
+        cdef int64_t* live[MAX_LAYER_GROUPS]
         cdef int64_t* base[MAX_LAYER_GROUPS]
         cdef int32_t* slots
         cdef int32_t* deltas
@@ -178,10 +179,12 @@ cdef class AttentionMetadata:
         gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
         slots = int32_pointer(table_slots)
         deltas = int32_pointer(delta_area)
+        if <uintptr_t>deltas % 8:
+            raise ValueError("delta_area must be 8-byte aligned (the changed entries' indices are int64)")
         cap_seqs = min(self.cap_seqs, len(table_slots))
         for group in range(count):  # every pointer taken (each array checked) before anything changes
             blocks[group] = int32_pointer(gathers[0][group])
-            live[group] = int32_pointer(gathers[1][group])
+            live[group] = int64_pointer(gathers[1][group])
             base[group] = int64_pointer(gathers[2][group])
             cap_seqs = min(cap_seqs, len(gathers[0][group]), len(gathers[1][group]), len(gathers[2][group]))
         self.release()
@@ -475,8 +478,9 @@ cdef class AttentionMetadata:
         cdef PyObject* buffer
         cdef Py_ssize_t index, total = self.planned_changes
         cdef DeviceTableRows rows = self.rows
-        if num_tokens + 2 * total > self.delta_capacity:
-            _checks.over_capacity("changed block-table entries", total, (self.delta_capacity - num_tokens) // 2)
+        if delta_end(num_tokens, total) > self.delta_capacity:
+            _checks.over_capacity("changed block-table entries", total,
+                                  max(0, self.delta_capacity - delta_start(num_tokens)) // 3)
         for index in range(self.num_changed_specs):
             spec = &self.groups[self.changed_specs[index]]
             buffer = spec.buffer_owner
@@ -547,7 +551,7 @@ cdef class AttentionMetadata:
             self.kv_last_page_len[group][seq] = <int32_t>(kv_len - (num_blocks - 1) * block_size)
             if self.has_device_table:
                 self.gather_blocks[group][seq] = <int32_t>num_blocks
-                self.gather_live[group][seq] = <int32_t>live
+                self.gather_live[group][seq] = live
                 self.gather_base[group][seq] = seq * self.width + num_blocks - (start + live)
             if self.block_table[group] != NULL:
                 dense = self.block_table[group] + seq * self.width
@@ -578,26 +582,29 @@ cdef class AttentionMetadata:
                 memset(self.block_table[group] + seq * self.width, 0, self.width * sizeof(int32_t))
 
     cdef void write_deltas(self, Py_ssize_t num_tokens) noexcept nogil:
-        """The changed entries planned with the sequences (plan_row_delta): flat indices into the (groups,
-        max_slots, max_blocks_per_seq) table, then their values, after the used input ids."""
+        """The changed entries planned with the sequences (plan_row_delta), after the used input
+        ids: their flat indices into the (groups, max_slots, max_blocks_per_seq) table as
+        int64 (what the device scatter indexes with, unconverted), then their int32 values
+        (delta_start(), delta_end())."""
         cdef Py_ssize_t index, j, count = 0, total = self.num_changed_entries
         cdef const GroupSpec* spec
-        cdef int32_t* indices = self.delta_area + num_tokens
-        cdef int32_t* values = indices + total
-        cdef int32_t row_start
-        debug_assert(num_tokens + 2 * total <= self.delta_capacity)
+        # aligned: delta_area is (bind_device_table) and delta_start() is even
+        cdef int64_t* indices = <int64_t*>(self.delta_area + delta_start(num_tokens))
+        cdef int32_t* values = <int32_t*>(indices + total)
+        cdef int64_t row_start
+        debug_assert(delta_end(num_tokens, total) <= self.delta_capacity)
         for index in range(self.num_changed_specs):
             spec = &self.groups[self.changed_specs[index]]
-            row_start = <int32_t>(spec.row * self.width)
+            row_start = <int64_t>spec.row * self.width
             for j in range(spec.released_begin, spec.released_end):
-                indices[count] = row_start + <int32_t>j
+                indices[count] = row_start + j
                 values[count] = -1
                 count += 1
             for j in range(spec.ids_begin, spec.num_blocks):
-                indices[count] = row_start + <int32_t>j
+                indices[count] = row_start + j
                 values[count] = spec.blocks[j]
                 count += 1
             for j in range(spec.num_blocks, spec.zero_end):
-                indices[count] = row_start + <int32_t>j
+                indices[count] = row_start + j
                 values[count] = 0
                 count += 1

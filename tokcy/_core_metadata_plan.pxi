@@ -5,6 +5,7 @@
 
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF, Py_XINCREF
 from cpython.tuple cimport PyTuple_GET_ITEM
+from libc.stdint cimport uintptr_t
 from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memset
 
@@ -49,6 +50,17 @@ cdef inline int32_t* int32_pointer(int32_t[::1] memory):
 
 cdef inline int64_t* int64_pointer(int64_t[::1] memory):
     return &memory[0] if memory.shape[0] else NULL
+
+
+# Where the changed entries lie in the delta area (int32 words from its start, the used
+# input ids first): their int64 indices from the first even word after the ids, then
+# their int32 values; delta_end() is the words used in all.
+cdef inline Py_ssize_t delta_start(Py_ssize_t num_tokens) noexcept nogil:
+    return num_tokens + (num_tokens & 1)
+
+
+cdef inline Py_ssize_t delta_end(Py_ssize_t num_tokens, Py_ssize_t num_entries) noexcept nogil:
+    return delta_start(num_tokens) + 3 * num_entries
 
 
 @cython.final

@@ -162,7 +162,7 @@ cdef void write_plain_metadata(const PlainRow* rows, Py_ssize_t count, Attention
     cdef int32_t* last_page_len = meta.kv_last_page_len[0] + seq0
     cdef int32_t* table_slots = meta.table_slots + seq0 if meta.has_device_table else NULL
     cdef int32_t* gather_blocks = meta.gather_blocks[0] + seq0 if meta.has_device_table else NULL
-    cdef int32_t* gather_live = meta.gather_live[0] + seq0 if meta.has_device_table else NULL
+    cdef int64_t* gather_live = meta.gather_live[0] + seq0 if meta.has_device_table else NULL
     cdef int64_t* gather_base = meta.gather_base[0] + seq0 if meta.has_device_table else NULL
     cdef int32_t live
     cdef int64_t width = meta.width, row_start = seq0 * width  # the sequence's row in the flat dense table

@@ -23,6 +23,13 @@ INT32_MAX = 2**31 - 1
 _stamps = itertools.count(1)  # stamps handed out to device-table rows (process-wide)
 
 
+def delta_start(num_tokens):
+    """Where the changed entries start in the delta area (int32 words, the used input ids
+    first): the first even word after the ids, so their int64 indices are aligned; their
+    int32 values follow them, ``3 * entries`` words in all."""
+    return num_tokens + (num_tokens & 1)
+
+
 class _GroupPlan:
     """One sequence's table in one group, as planned (the storage and counts at plan time)
     and, for a device table, the entries of its row that changed."""
@@ -132,12 +139,14 @@ class AttentionMetadata:
         gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
         checked = [("table_slots", table_slots, np.int32), ("delta_area", delta_area, np.int32)]
         for name, arrays, dtype in zip(("gather_blocks", "gather_live", "gather_base"), gathers,
-                                       (np.int32, np.int32, np.int64)):
+                                       (np.int32, np.int64, np.int64)):
             checked += [(name, array, dtype) for array in arrays]
         for name, array, dtype in checked:  # what the compiled writer's typed pointers take, checked first
             if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == 1
                     and array.flags.c_contiguous and array.flags.writeable):
                 raise ValueError(f"{name} must be a 1-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
+        if delta_area.ctypes.data % 8:
+            raise ValueError("delta_area must be 8-byte aligned (the changed entries' indices are int64)")
         self.release()
         self.rows = rows
         max_slots = rows.max_slots
@@ -256,8 +265,9 @@ class AttentionMetadata:
                 if count:  # a table that sends nothing is in its row already, its mark at its size
                     total += count
                     plans.append(plan)
-        if num_tokens + 2 * total > len(self.delta_area):
-            _checks.over_capacity("changed block-table entries", total, (len(self.delta_area) - num_tokens) // 2)
+        if delta_start(num_tokens) + 3 * total > len(self.delta_area):
+            _checks.over_capacity("changed block-table entries", total,
+                                  max(0, len(self.delta_area) - delta_start(num_tokens)) // 3)
         self._changed = plans
         for plan in plans:  # commit, for the tables that send entries: new stamps, the rows' state, the marks consumed
             stamp = next(_stamps)
@@ -326,11 +336,13 @@ class AttentionMetadata:
             self._write_deltas(num_tokens)
 
     def _write_deltas(self, num_tokens):
-        """The changed entries: flat indices into the (groups, max_slots, max_blocks_per_seq)
-        table, then their values, after the used input ids."""
+        """The changed entries, after the used input ids: their flat indices into the
+        (groups, max_slots, max_blocks_per_seq) table as int64 (what the device scatter
+        indexes with, unconverted), then their int32 values (``delta_start``)."""
         total = self.num_changed_entries
-        indices = self.delta_area[num_tokens : num_tokens + total]
-        values = self.delta_area[num_tokens + total : num_tokens + 2 * total]
+        start = delta_start(num_tokens)
+        indices = self.delta_area[start : start + 2 * total].view(np.int64)
+        values = self.delta_area[start + 2 * total : start + 3 * total]
         count = 0
         for plan in self._changed:
             row_start = plan.row * self.width

@@ -149,7 +149,8 @@ def tokcy_preparer(world):
         return recorded["outputs"]
 
     views = preparer._batch_views(len(world.requests))  # (table slots, kv_indptr, what the gather reads)
-    recorded["outputs"] = real_apply(preparer._device_packed, 0, 0, views[0], views[2], _indices(world, sizes))
+    recorded["outputs"] = real_apply(preparer._device_packed, preparer._device_packed_int64, 0, 0, views[0], views[2],
+                                     _indices(world, sizes))
     table.apply = stub
 
     def step():

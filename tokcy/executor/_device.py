@@ -16,6 +16,7 @@ runs with CPU tensors, no pinning and no events. torch is imported when an
 import numpy as np
 
 from tokcy import _backend
+from tokcy._pure.metadata import delta_start
 from tokcy.executor._host import (
     ARRAY_FIELDS,
     COUNT_FIELDS,
@@ -58,7 +59,7 @@ def _metadata_lengths(max_num_tokens, max_batch_size, num_groups):
     return lengths
 
 
-_INT64_FIELDS = ("request_ids", "slot_mapping/", "gather_base/")  # two int32 words per entry
+_INT64_FIELDS = ("request_ids", "slot_mapping/", "gather_live/", "gather_base/")  # two int32 words per entry
 
 
 def _packed_layout(max_num_tokens, max_batch_size, max_draft_len, num_groups=0):
@@ -73,8 +74,8 @@ def _packed_layout(max_num_tokens, max_batch_size, max_draft_len, num_groups=0):
     offset = 0
     for name in order:
         width = 2 if name.startswith(_INT64_FIELDS) else 1
-        if width == 2 and offset % 2:
-            offset += 1  # int64 alignment
+        if (width == 2 or name == "input_ids") and offset % 2:
+            offset += 1  # int64 alignment (the changed entries' int64 indices follow the input ids)
         layout[name] = (offset, lengths[name], width)
         offset += lengths[name] * width
     return layout, offset
@@ -183,11 +184,14 @@ class InputPreparer:
             self.max_slots = self.max_batch_size if max_slots is None else _count(max_slots, "max_slots", 1)
             self.device_table = DeviceBlockTable(torch, self.device, num_groups, self.max_slots,
                                                  self.max_blocks_per_seq, self.max_batch_size)
-            # changed entries (an index and a value each) go after the used input ids: at most
-            # every entry of every sequence's row, in every group
-            total += 2 * self.max_batch_size * num_groups * self.max_blocks_per_seq
+            # changed entries (an int64 index and an int32 value each) go after the used input
+            # ids, from an even word (delta_start): at most every entry of every sequence's
+            # row, in every group
+            total += 1 + 3 * self.max_batch_size * num_groups * self.max_blocks_per_seq
+        total += total % 2  # even: the device buffer's int64 view covers it all
         self.last_copy_bytes = 0
-        self._device_packed = torch.zeros(max(total, 1), dtype=torch.int32, device=self.device)
+        self._device_packed = torch.zeros(max(total, 2), dtype=torch.int32, device=self.device)
+        self._device_packed_int64 = self._device_packed.view(torch.int64)  # the changed entries' indices
         self.tensors = {name: self._field(self._device_packed, name) for name in ARRAY_FIELDS}
         self._views = {name: {} for name in ARRAY_FIELDS}
         self._batch_view_cache = {}  # padded batch size -> _batch_views(): the per-sequence metadata views
@@ -198,7 +202,7 @@ class InputPreparer:
         self._staging = []
         self._host = []
         for _ in range(num_staging_buffers):
-            staging = torch.zeros(max(total, 1), dtype=torch.int32, pin_memory=self.is_cuda)
+            staging = torch.zeros(max(total, 2), dtype=torch.int32, pin_memory=self.is_cuda)
             packed = staging.numpy()
             arrays = {}
             for name in ARRAY_FIELDS:
@@ -303,7 +307,8 @@ class InputPreparer:
             used = self._input_ids_end + counts[3]  # + num_tokens
             if self.block_sizes is not None:
                 results = host._metadata[1]  # the writer's results(): (.., .., changed table entries, ..)
-                used += 2 * results[2]
+                deltas = self._input_ids_end + delta_start(counts[3])
+                used = deltas + 3 * results[2]
             target, sources = self._copy_pairs.get(used) or self._new_copy_prefixes(used)
             if self._numpy_copy:
                 target[:] = sources[slot]
@@ -324,7 +329,7 @@ class InputPreparer:
                 # tables (device work, issued now); _set_device_metadata makes the views
                 padded = counts[5]
                 views = self._batch_view_cache.get(padded) or self._batch_views(padded)
-                tables = self.device_table.apply(self._device_packed, self._input_ids_end + counts[3], results[2],
+                tables = self.device_table.apply(self._device_packed, self._device_packed_int64, deltas, results[2],
                                                  views[0], views[2], results[3])
                 metadata = (tables, padded, counts[3], results[0], results[1])
             inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, metadata), without the __init__ call

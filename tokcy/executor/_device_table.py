@@ -47,21 +47,23 @@ class DeviceBlockTable:
         """``MetadataBuffers`` over one staging buffer's views, bound to this table per backend."""
         return _StagedMetadata(self, arrays, table_slots, delta_area)
 
-    def apply(self, packed, delta_offset, num_changed, table_slots, gathers, num_indices):
-        """On the device, after the staging copy: scatter the changed entries (read from
-        ``packed`` at ``delta_offset``), then per group gather the batch's dense table
-        (masked past each sequence's blocks) and its CSR indices, from what the host
-        wrote per sequence (``gathers``, per group: its blocks as a column, its live
-        blocks and where its CSR run starts in the flat dense table; see
-        ``AttentionMetadata.bind_device_table``). Returns, per group, (block_table view,
-        kv_indices view).
+    def apply(self, packed, packed_int64, delta_offset, num_changed, table_slots, gathers, num_indices):
+        """On the device, after the staging copy: scatter the changed entries (from the
+        even word ``delta_offset`` of ``packed``: their int64 indices, read through
+        ``packed_int64``, a view of the same memory, then their int32 values), then per
+        group gather the batch's dense table (masked past each sequence's blocks) and its
+        CSR indices, from what the host wrote per sequence (``gathers``, per group: its
+        blocks as a column, its live blocks and where its CSR run starts in the flat dense
+        table; see ``AttentionMetadata.bind_device_table``). Returns, per group,
+        (block_table view, kv_indices view).
 
         Every view of a persistent tensor it needs is made once per size and kept
         (``_batch_views``): a group costs six torch calls, each one or more device ops."""
         torch = self._torch
-        if num_changed:  # int32 indices index as they are (one torch call fewer than .long())
-            indices = packed[delta_offset : delta_offset + num_changed]
-            self._flat[indices] = packed[delta_offset + num_changed : delta_offset + 2 * num_changed]
+        if num_changed:  # int64 indices: index_put_ converts no others (one device op fewer)
+            indices = packed_int64[delta_offset // 2 : delta_offset // 2 + num_changed]
+            values = delta_offset + 2 * num_changed
+            self._flat[indices] = packed[values : values + num_changed]
         views = self._batch_views(table_slots.shape[0])
         outputs = []
         for group, (num_blocks, live, base) in enumerate(gathers):

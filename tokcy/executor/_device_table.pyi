@@ -31,6 +31,7 @@ class DeviceBlockTable:
     def apply(
         self,
         packed: torch.Tensor,
+        packed_int64: torch.Tensor,
         delta_offset: int,
         num_changed: int,
         table_slots: torch.Tensor,
