@@ -190,7 +190,7 @@ def test_bytes_per_decode_step_do_not_grow_with_context(backend):
     short = decode_bytes(backend, 2048, 8, 40)
     long = decode_bytes(backend, 131_072, 8, 40)
     assert short == long  # block boundaries fall at the same steps: 2048 and 131072 are multiples of 16
-    assert max(short) - min(short) == 8 * 12  # a step where every request gains a block: 8 entries (int64 index, int32 value)
+    assert max(short) - min(short) == 8 * 12  # a step where every request gains a block: 8 entries of int64 + int32
 
 
 def test_bytes_grow_with_the_batch_and_blocks_added_not_blocks_held(backend):
