@@ -301,6 +301,41 @@ def test_binding_the_gather_arrays_checks_them_first(backend):
         assert not array.any()
 
 
+def test_the_delta_area_holds_the_ids_then_three_words_per_changed_entry(backend):
+    """The changed entries go after the used input ids, from the first even word: request A,
+    3 tokens (odd) in one block of 4, sends one entry (its block), so its step needs the
+    3 ids, a padding word and 3 words (an int64 index, an int32 value): 7 words. With 6
+    it raises, naming the entries, and consumes nothing: with 7 the retry sends that entry.
+    A step that changes no entry needs no padding word: its decode row (1 token) fits in 1."""
+    (request,) = slotted_requests(backend, [(5, 1, 3, [9])])
+    preparer = InputPreparer(16, 2, block_size=4, max_blocks_per_seq=4, max_slots=2, num_staging_buffers=1)
+    host = preparer._host[0]
+    area = host.metadata._delta_area
+
+    def rebind(words):  # new writers for the staging buffer, its delta area cut to `words`
+        host._writers.clear()
+        host.metadata._writers.clear()
+        host.metadata._delta_area = area[:words]
+
+    rebind(6)
+    with pytest.raises(ValueError, match="needs 1 changed block-table entries but the output has room for 0"):
+        preparer.prepare([request], [])
+    assert request.state != GENERATING and not preparer.block_table.any()
+    rebind(7)
+    inputs = preparer.prepare([request], [])
+    assert inputs.groups[0].kv_indices.tolist() == [9]
+    assert preparer.block_table[0, 1].tolist() == [9, 0, 0, 0]
+    assert area[4:6].view(np.int64).tolist() == [4] and area[6] == 9  # row 1 x 4 columns + column 0
+    assert preparer.last_copy_bytes == 4 * (preparer._input_ids_end + 7)
+    request.move_to_next_context_chunk()
+    request.state = GENERATING
+    request.add_new_token(3)
+    rebind(1)
+    inputs = preparer.prepare([], [request])
+    assert inputs.input_ids.tolist() == [3] and inputs.groups[0].kv_indices.tolist() == [9]
+    assert preparer.last_copy_bytes == 4 * (preparer._input_ids_end + 1)
+
+
 def test_binding_new_arrays_unbinds_the_device_table(backend):
     """bind() replaces the arrays the device table's were kept with: the writer then has no
     device table (it writes no table slots, gather values or changed entries) until

@@ -54,13 +54,14 @@ cdef inline int64_t* int64_pointer(int64_t[::1] memory):
 
 # Where the changed entries lie in the delta area (int32 words from its start, the used
 # input ids first): their int64 indices from the first even word after the ids, then
-# their int32 values; delta_end() is the words used in all.
+# their int32 values; delta_end() is the words used in all (no padding word when no
+# entry changed, so an area that just holds the ids is enough then).
 cdef inline Py_ssize_t delta_start(Py_ssize_t num_tokens) noexcept nogil:
     return num_tokens + (num_tokens & 1)
 
 
 cdef inline Py_ssize_t delta_end(Py_ssize_t num_tokens, Py_ssize_t num_entries) noexcept nogil:
-    return delta_start(num_tokens) + 3 * num_entries
+    return delta_start(num_tokens) + 3 * num_entries if num_entries else num_tokens
 
 
 @cython.final

@@ -30,6 +30,12 @@ def delta_start(num_tokens):
     return num_tokens + (num_tokens & 1)
 
 
+def delta_end(num_tokens, num_entries):
+    """The delta area's words used: the ids, then the entries from ``delta_start`` (no
+    padding word when no entry changed)."""
+    return delta_start(num_tokens) + 3 * num_entries if num_entries else num_tokens
+
+
 class _GroupPlan:
     """One sequence's table in one group, as planned (the storage and counts at plan time)
     and, for a device table, the entries of its row that changed."""
@@ -265,7 +271,7 @@ class AttentionMetadata:
                 if count:  # a table that sends nothing is in its row already, its mark at its size
                     total += count
                     plans.append(plan)
-        if delta_start(num_tokens) + 3 * total > len(self.delta_area):
+        if delta_end(num_tokens, total) > len(self.delta_area):
             _checks.over_capacity("changed block-table entries", total,
                                   max(0, len(self.delta_area) - delta_start(num_tokens)) // 3)
         self._changed = plans

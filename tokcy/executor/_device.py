@@ -16,7 +16,7 @@ runs with CPU tensors, no pinning and no events. torch is imported when an
 import numpy as np
 
 from tokcy import _backend
-from tokcy._pure.metadata import delta_start
+from tokcy._pure.metadata import delta_end, delta_start
 from tokcy.executor._host import (
     ARRAY_FIELDS,
     COUNT_FIELDS,
@@ -308,7 +308,7 @@ class InputPreparer:
             if self.block_sizes is not None:
                 results = host._metadata[1]  # the writer's results(): (.., .., changed table entries, ..)
                 deltas = self._input_ids_end + delta_start(counts[3])
-                used = deltas + 3 * results[2]
+                used = self._input_ids_end + delta_end(counts[3], results[2])
             target, sources = self._copy_pairs.get(used) or self._new_copy_prefixes(used)
             if self._numpy_copy:
                 target[:] = sources[slot]
