@@ -17,7 +17,7 @@
 # tables' marks (docs/change-tracking.md). No Python code runs between the plan and the
 # commit: InputWriter keeps a device table only in prepare(), never in plan() + write().
 # Pass 2 (write, without the GIL): write_sequence() / write_padding() fill the arrays,
-# write_deltas() the changed entries after the used input ids (delta_layout()'s places).
+# write_deltas() the changed entries after the used input ids (delta_start(), delta_end()).
 #
 # The pieces of the plan (GroupSpec, the device table's rows, one row's delta) are in
 # _core_metadata_plan.pxi, included just before this file.
@@ -588,11 +588,15 @@ cdef class AttentionMetadata:
         (delta_start(), delta_end())."""
         cdef Py_ssize_t index, j, count = 0, total = self.num_changed_entries
         cdef const GroupSpec* spec
-        # aligned: delta_area is (bind_device_table) and delta_start() is even
-        cdef int64_t* indices = <int64_t*>(self.delta_area + delta_start(num_tokens))
-        cdef int32_t* values = <int32_t*>(indices + total)
+        cdef int64_t* indices
+        cdef int32_t* values
         cdef int64_t row_start
         debug_assert(delta_end(num_tokens, total) <= self.delta_capacity)
+        if total == 0:  # the area may end at the ids (delta_end): no pointer past it is formed
+            return
+        # aligned: delta_area is (bind_device_table) and delta_start() is even
+        indices = <int64_t*>(self.delta_area + delta_start(num_tokens))
+        values = <int32_t*>(indices + total)
         for index in range(self.num_changed_specs):
             spec = &self.groups[self.changed_specs[index]]
             row_start = <int64_t>spec.row * self.width
