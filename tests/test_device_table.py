@@ -336,6 +336,59 @@ def test_the_delta_area_holds_the_ids_then_three_words_per_changed_entry(backend
     assert preparer.last_copy_bytes == 4 * (preparer._input_ids_end + 1)
 
 
+def test_the_device_table_may_hold_at_most_int32_max_entries(backend):
+    """DeviceTableRows refuses a table of more than 2**31 - 1 entries (groups x slots x
+    columns) before it allocates anything, and sizes below 1."""
+    assert backend.DeviceTableRows(1, 1, 2**31 - 1).width == 2**31 - 1
+    for max_slots, groups, width in [(1, 1, 2**31), (2**16, 2, 2**14), (3, 1, 2**30)]:
+        with pytest.raises(ValueError, match=f"{max_slots * groups} x {width} entries is too large: "
+                                             f"it may hold at most 2147483647 entries"):
+            backend.DeviceTableRows(max_slots, groups, width)
+    for sizes in [(0, 1, 4), (2, 0, 4), (2, 1, 0)]:
+        with pytest.raises(ValueError, match="max_slots, layer groups and max_blocks_per_seq must be >= 1"):
+            backend.DeviceTableRows(*sizes)
+
+
+def test_bind_device_table_checks_the_delta_area_before_the_gathers(backend):
+    """The twins check in one order: a misaligned delta area is named before a gather
+    array of the wrong dtype; an empty area (never written) needs no alignment."""
+    metadata = backend.AttentionMetadata()
+    metadata.bind(4, *one_group_arrays())
+    rows = backend.DeviceTableRows(2, 1, 4)
+    deltas = np.zeros(33, np.int32)
+    with pytest.raises(ValueError, match="delta_area must be 8-byte aligned"):
+        metadata.bind_device_table(rows, np.zeros(2, np.int32), deltas[1:], [np.zeros(2, np.int64)],
+                                   [np.zeros(2, np.int64)], [np.zeros(2, np.int64)])
+    assert not metadata.has_device_table
+    metadata.bind_device_table(rows, np.zeros(2, np.int32), deltas[1:1], [np.zeros(2, np.int32)],
+                               [np.zeros(2, np.int64)], [np.zeros(2, np.int64)])
+    assert metadata.has_device_table
+
+
+@pytest.mark.parametrize("wrong", range(7), ids=["kv_lens", "cu_kv_seqlens", "slot_mapping", "kv_indptr",
+                                                 "kv_last_page_len", "block_table", "kv_indices"])
+def test_bind_refuses_an_array_of_the_wrong_dtype_and_keeps_the_old_ones(backend, wrong):
+    """bind() takes each array's dtype as the writer's pointers do (slot_mapping int64, the
+    rest int32): one of another dtype raises, and the writer still writes its staging
+    buffer (device table included), never the rejected arrays."""
+    requests = slotted_requests(backend, [(5, 1, 6, [3, 4])])
+    preparer = InputPreparer(16, 2, block_size=4, max_blocks_per_seq=4, max_slots=2)
+    metadata = preparer._host[0].metadata.bound(backend)
+    arrays = [*one_group_arrays(), [np.zeros((2, 4), np.int32)], [np.zeros(8, np.int32)]]
+    if wrong in (0, 1):
+        arrays[wrong] = arrays[wrong].astype(np.int64)
+    else:
+        arrays[wrong] = [arrays[wrong][0].astype(np.int32 if wrong == 2 else np.int64)]
+    with pytest.raises(ValueError):
+        metadata.bind(4, *arrays)
+    assert metadata.has_device_table
+    inputs = preparer.prepare(requests, [])
+    assert inputs.groups[0].kv_indices.tolist() == [3, 4]
+    assert preparer.block_table[0, 1, :2].tolist() == [3, 4]
+    for array in arrays[:2] + [group[0] for group in arrays[2:]]:
+        assert not array.any()
+
+
 def test_binding_new_arrays_unbinds_the_device_table(backend):
     """bind() replaces the arrays the device table's were kept with: the writer then has no
     device table (it writes no table slots, gather values or changed entries) until

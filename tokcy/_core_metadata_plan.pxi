@@ -84,7 +84,8 @@ cdef class DeviceTableRows:
             raise ValueError(f"max_slots, layer groups and max_blocks_per_seq must be >= 1, "
                              f"got {max_slots}, {num_groups}, {width}")
         if rows * width > INT32_MAX:
-            raise ValueError(f"the device block table of {rows} x {width} entries is too large for int32 indices")
+            raise ValueError(f"the device block table of {rows} x {width} entries is too large: "
+                             f"it may hold at most {INT32_MAX} entries")
         self.row_stamps = <int64_t*>calloc(rows, sizeof(int64_t))
         self.row_lengths = <Py_ssize_t*>calloc(rows, sizeof(Py_ssize_t))
         self.row_released = <Py_ssize_t*>calloc(rows, sizeof(Py_ssize_t))

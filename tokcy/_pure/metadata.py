@@ -56,6 +56,14 @@ class _GroupPlan:
         self.num_released = num_released
 
 
+def check_writable_array(name, array, dtype):
+    """Refuse what the compiled writer's typed pointers would refuse: anything but a 1-D,
+    C-contiguous, writable numpy array of ``dtype``."""
+    if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == 1
+            and array.flags.c_contiguous and array.flags.writeable):
+        raise ValueError(f"{name} must be a 1-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
+
+
 class DeviceTableRows:
     """What a device block table holds, per row (``num_groups * max_slots`` rows of
     ``width`` entries): the stamp of the table last sent into it, the entries sent and the
@@ -67,7 +75,8 @@ class DeviceTableRows:
             raise ValueError(f"max_slots, layer groups and max_blocks_per_seq must be >= 1, "
                              f"got {max_slots}, {num_groups}, {width}")
         if rows * width > INT32_MAX:
-            raise ValueError(f"the device block table of {rows} x {width} entries is too large for int32 indices")
+            raise ValueError(f"the device block table of {rows} x {width} entries is too large: "
+                             f"it may hold at most {INT32_MAX} entries")
         self.max_slots, self.num_groups, self.width = max_slots, num_groups, width
         self.row_stamps = [0] * rows
         self.row_lengths = [0] * rows
@@ -109,10 +118,22 @@ class AttentionMetadata:
             raise ValueError("block_table and kv_indices are both given or both None")
         if block_table is not None and (len(block_table) != count or len(kv_indices) != count):
             raise ValueError("one block_table and kv_indices per layer group")
-        for group in range(count if block_table is not None else 0):
-            if block_table[group].shape[1] != max_blocks_per_seq:
-                raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, "
-                                 f"got {block_table[group].shape[1]}")
+        # every array checked, in the compiled twin's order, before anything changes
+        check_writable_array("kv_lens", kv_lens, np.int32)
+        check_writable_array("cu_kv_seqlens", cu_kv_seqlens, np.int32)
+        for group in range(count):
+            check_writable_array("slot_mapping", slot_mapping[group], np.int64)
+            check_writable_array("kv_indptr", kv_indptr[group], np.int32)
+            check_writable_array("kv_last_page_len", kv_last_page_len[group], np.int32)
+            if block_table is not None:
+                dense = block_table[group]
+                if not (isinstance(dense, np.ndarray) and dense.dtype == np.int32 and dense.ndim == 2
+                        and dense.flags.c_contiguous and dense.flags.writeable):
+                    raise ValueError("block_table must hold 2-D, C-contiguous, writable int32 numpy arrays")
+                if dense.shape[1] != max_blocks_per_seq:
+                    raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, "
+                                     f"got {dense.shape[1]}")
+                check_writable_array("kv_indices", kv_indices[group], np.int32)
         self.release()
         self.has_device_table = False  # the device table is bound to the old arrays: bind it again
         self.width = max_blocks_per_seq
@@ -143,16 +164,15 @@ class AttentionMetadata:
         if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
         gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
-        checked = [("table_slots", table_slots, np.int32), ("delta_area", delta_area, np.int32)]
+        # what the compiled writer's typed pointers take, checked first and in its order
+        check_writable_array("table_slots", table_slots, np.int32)
+        check_writable_array("delta_area", delta_area, np.int32)
+        if len(delta_area) and delta_area.ctypes.data % 8:  # (an empty area is never written)
+            raise ValueError("delta_area must be 8-byte aligned (the changed entries' indices are int64)")
         for name, arrays, dtype in zip(("gather_blocks", "gather_live", "gather_base"), gathers,
                                        (np.int32, np.int64, np.int64)):
-            checked += [(name, array, dtype) for array in arrays]
-        for name, array, dtype in checked:  # what the compiled writer's typed pointers take, checked first
-            if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == 1
-                    and array.flags.c_contiguous and array.flags.writeable):
-                raise ValueError(f"{name} must be a 1-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
-        if delta_area.ctypes.data % 8:
-            raise ValueError("delta_area must be 8-byte aligned (the changed entries' indices are int64)")
+            for array in arrays:
+                check_writable_array(name, array, dtype)
         self.release()
         self.rows = rows
         max_slots = rows.max_slots
