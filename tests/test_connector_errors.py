@@ -162,3 +162,59 @@ def test_messages_are_identical_on_both_backends(both_backends, monkeypatch):
             found.append(str(caught.value))
         messages.append(found)
     assert messages[0] == messages[1]
+
+
+def decode_world(backend, count=24):
+    """A manager that has reported ``count`` requests (ids 1..count), each then one token
+    further: the next report's rows are all fast-plan rows."""
+    manager = SchedulerOutputManager()
+    requests = []
+    for request_id in range(1, count + 1):
+        request = backend.Request(request_id, list(range(request_id, request_id + 5)))
+        request.block_tables[0].extend([request_id])
+        requests.append(request)
+    manager.build_scheduler_output(requests, [])
+    for request in requests:
+        request.move_to_next_context_chunk()
+        request.state = RequestState.GENERATION_IN_PROGRESS
+        request.add_new_token(1000 + request.request_id)
+    return manager, requests
+
+
+@pytest.mark.parametrize("position", [1, 4, 8, 16, 23])
+@pytest.mark.parametrize("kind", ["None", "str", "finished", "duplicate"])
+def test_a_bad_item_among_many_fast_rows_changes_nothing(backend, kind, position):
+    """A batch long enough that the fast plan looks rows ahead (it reads ahead only fields of
+    objects of the exact types it checks): whatever lies at ``position``, the call raises
+    for it and changes nothing, so the next valid report equals an untouched twin's."""
+    manager, requests = decode_world(backend)
+    twin_manager, twin_requests = decode_world(backend)
+    batch = list(requests)
+    if kind == "finished":
+        batch[position].state = RequestState.GENERATION_COMPLETE
+        error, message = ValueError, f"request {position + 1} is finished"
+    elif kind == "duplicate":
+        batch[position] = batch[0]
+        error, message = ValueError, "request 1 is scheduled more than once"
+    else:
+        batch[position] = None if kind == "None" else "x"
+        given = type(batch[position]).__name__
+        error, message = TypeError, rf"generation_requests\[{position}\] must be a Request, not {given}"
+    with pytest.raises(error, match=message):
+        manager.build_scheduler_output([], batch)
+    requests[position].state = RequestState.GENERATION_IN_PROGRESS
+    output = manager.build_scheduler_output([], requests)
+    assert report(output) == report(twin_manager.build_scheduler_output([], twin_requests))
+    assert output.request_ids.tolist() == list(range(1, 25))
+    assert output.tokens.tolist() == [1000 + request_id for request_id in range(1, 25)]
+
+
+def test_a_blank_request_among_many_fast_rows_is_a_new_row(backend):
+    """A blank Request (never initialised, no layer groups) read ahead of the fast rows is
+    reported where it lies, as a new request with no tokens, between the decode rows."""
+    manager, requests = decode_world(backend)
+    blank = backend.Request.__new__(backend.Request)
+    output = manager.build_scheduler_output([], requests[:10] + [blank] + requests[10:])
+    assert output.request_ids.tolist() == list(range(1, 11)) + [0] + list(range(11, 25))
+    assert output.is_new.tolist() == [False] * 10 + [True] + [False] * 14
+    assert output.tokens.tolist() == [1000 + request_id for request_id in range(1, 25)]

@@ -60,7 +60,7 @@
 
 from cpython.list cimport PyList_GET_ITEM
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc, realloc
 
 from tokcy import _report_checks
@@ -77,7 +77,8 @@ cdef class ReportState:
     cdef Py_ssize_t* index              # hash table: slot number or NO_ENTRY
     cdef Py_ssize_t index_capacity      # a power of two, kept at least twice num_live
     cdef int64_t stamp
-    cdef RowJob* rows
+    cdef RowJob* rows                   # CACHE_LINE-aligned, in rows_block
+    cdef void* rows_block
     cdef Py_ssize_t row_capacity
     cdef SegmentJob* segments
     cdef Py_ssize_t segment_capacity
@@ -103,7 +104,7 @@ cdef class ReportState:
                 free(self.slots[number].num_blocks)
         free(self.slots)
         free(self.index)
-        free(self.rows)
+        free(self.rows_block)
         free(self.segments)
         free(self.fresh)
         self._release_held()
@@ -212,15 +213,20 @@ cdef class ReportState:
 
     # ------------------------------------------------------------------ scratch space
     cdef int _reserve_rows(self, Py_ssize_t count) except -1:
-        cdef RowJob* rows
+        """Room for ``count`` row jobs (called before a plan: the old jobs are not kept)."""
+        cdef void* block
         cdef Py_ssize_t* fresh
         cdef Py_ssize_t capacity
+        debug_assert(sizeof(RowJob) == 2 * CACHE_LINE)  # (RowJob's layout)
         if count > self.row_capacity:
             capacity = grown_capacity(self.row_capacity, count)
-            rows = <RowJob*>realloc(self.rows, capacity * sizeof(RowJob))
-            if rows == NULL:
+            block = malloc(capacity * sizeof(RowJob) + CACHE_LINE - 1)
+            if block == NULL:
                 raise MemoryError()
-            self.rows = rows
+            free(self.rows_block)
+            self.rows_block = block
+            self.rows = <RowJob*>((<uintptr_t>block + CACHE_LINE - 1) & ~<uintptr_t>(CACHE_LINE - 1))
+            self.row_capacity = 0  # until fresh has the room too
             fresh = <Py_ssize_t*>realloc(self.fresh, capacity * sizeof(Py_ssize_t))
             if fresh == NULL:
                 raise MemoryError()
@@ -307,7 +313,7 @@ cdef class ReportState:
         cdef SegmentJob* part
         for number in range(batch):
             job = &self.rows[number]
-            self._hold_buffer(job.buffer, job.end > job.begin)
+            self._hold_buffer(job.buffer, not job.direct and job.end > job.begin)  # pass 2 reads no direct row's tokens
         for number in range(num_segments):
             part = &self.segments[number]
             self._hold_buffer(part.buffer, part.end > part.begin)
@@ -383,7 +389,7 @@ cdef class ReportState:
             job.position = size
             job.scheduled = 1
         job.first_segment = total_segments[0]
-        job.num_groups = num_groups
+        job.num_groups = <int32_t>num_groups  # at most MAX_LAYER_GROUPS (the tables tuple's bound)
         for group in range(num_groups):
             table = tuple_item(tables, group)
             if <void*>table.ob_type != <void*>BlockTable and not isinstance(<object>table, BlockTable):  # never

@@ -3,12 +3,18 @@
 # SegmentJob), and the small helpers both passes share. ReportState: _core_report.pxi.
 
 from cpython.ref cimport PyObject
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint64_t, uintptr_t
 
 cdef extern from "Python.h":
     # on borrowed pointers (an object argument would add and drop a reference per call)
     PyObject* tuple_item "PyTuple_GET_ITEM"(PyObject* tuple, Py_ssize_t index)
     Py_ssize_t tuple_size "PyTuple_GET_SIZE"(PyObject* tuple)
+
+
+ctypedef unsigned char bint8  # a one-byte flag (RowJob's, which must fit its first line)
+
+# RowJob arrays are aligned to this (ReportState.rows)
+cdef size_t CACHE_LINE = 64
 
 
 cdef enum:
@@ -34,26 +40,31 @@ cdef struct ReportSlot:
 
 
 cdef struct RowJob:
+    # 128 bytes from a 64-byte aligned array (ReportState.rows): what every fast-plan row
+    # writes fills the first cache line, so a large batch's direct rows write one line each.
+    # Only speed depends on this.
     Py_ssize_t slot
+    PyObject* buffer           # beam 0 (an Int32Buffer): borrowed in pass 1, held for a GIL-free pass 2
+    Py_ssize_t saved_dirty     # buffer.dirty_from (mark_of()) before pass 1 consumed it, put back if the call fails
+    Py_ssize_t end
+    Py_ssize_t first_segment
+    Py_ssize_t saved_tokens    # a committed row's slot.num_tokens before, put back if the call fails
+    Py_ssize_t saved_matched   # a committed row's slot.matched before, likewise
+    int32_t num_groups         # at most MAX_LAYER_GROUPS (a Request's bound)
+    bint8 committed            # its slot already holds the report (the fast plan's rows; undone if the call fails)
+    # its columns and tokens are already in the output (a fast row, DirectOutput): pass 2
+    # writes only its segments, and nothing below is set
+    bint8 direct
+    bint8 is_new
+    # the second line: what pass 2 reads of the rows it writes (not direct)
     int64_t request_id
     int64_t position
     int64_t scheduled
-    PyObject* buffer           # beam 0 (an Int32Buffer): borrowed in pass 1, held for a GIL-free pass 2
     const int32_t* data        # beam-0 tokens (buffer.storage, held likewise)
-    Py_ssize_t saved_dirty     # buffer.dirty_from (mark_of()) before pass 1 consumed it, put back if the call fails
     Py_ssize_t begin
-    Py_ssize_t end
     Py_ssize_t num_pauses
-    Py_ssize_t first_segment
-    Py_ssize_t num_groups
     Py_ssize_t replaced        # already-reported tokens the delta replaces (0 for a new request)
-    Py_ssize_t saved_matched   # a committed row's slot.matched before, put back if the call fails
-    bint is_new
-    bint committed             # its slot already holds the report (the fast plan's rows; undone if the call fails)
-    # its columns and tokens are already in the output (a fast row, DirectOutput): pass 2
-    # writes only its segments, and request_id, position, scheduled, num_pauses, data and
-    # is_new are not set
-    bint direct
+    Py_ssize_t line_pad        # to 128 bytes
 
 
 cdef struct SegmentJob:
@@ -160,6 +171,25 @@ cdef inline Py_ssize_t plan_fast_segment(PyObject* table, Py_ssize_t reported, S
     part.replaced = reported - begin
     part.released = (<BlockTable>table)._num_released
     return size - begin
+
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define tokcy_prefetch(address) __builtin_prefetch((const void *)(address))
+    #else
+    #define tokcy_prefetch(address) ((void)(address))
+    #endif
+    """
+    # a hint to load a cache line: never faults, whatever the address (given as an integer,
+    # so no pointer past an object is ever formed)
+    void prefetch "tokcy_prefetch"(uintptr_t address) noexcept nogil
+
+
+cdef enum:
+    # how far ahead (in rows) the fast plan asks for a request's fields (twice this), then
+    # for its slot and buffer objects (this), then for its newest tokens (half this)
+    PREFETCH_ROWS = 8
 
 
 cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:
