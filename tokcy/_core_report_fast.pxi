@@ -3,8 +3,7 @@
 # their per-row columns and tokens straight into the output when it can), the undoing of
 # its slot commits when a call fails, and the pass-2 writer of everything else.
 
-from libc.stdint cimport int8_t, int16_t
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport int8_t, int16_t, uintptr_t
 from libc.string cimport memset
 
 # fused-type tags: a plan_fast_loop specialisation per row kind and per consume
@@ -103,8 +102,9 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
         # buffers, then its tokens); without them each row waits for each in turn. Only
         # fields of objects of the exact types checked are read; a hint never faults.
         if index + 2 * PREFETCH_ROWS < count:  # the type and the fields read, 8 to 80 bytes in
-            prefetch(<uintptr_t>requests[index + 2 * PREFETCH_ROWS] + 8)
-            prefetch(<uintptr_t>requests[index + 2 * PREFETCH_ROWS] + 79)
+            ahead = requests[index + 2 * PREFETCH_ROWS]
+            prefetch(<uintptr_t>ahead + 8)
+            prefetch(<uintptr_t>ahead + 79)
         if index + PREFETCH_ROWS < count:
             ahead = requests[index + PREFETCH_ROWS]
             if <void*>ahead.ob_type == <void*>Request:

@@ -56,12 +56,12 @@ class _GroupPlan:
         self.num_released = num_released
 
 
-def check_writable_array(name, array, dtype):
-    """Refuse what the compiled writer's typed pointers would refuse: anything but a 1-D,
-    C-contiguous, writable numpy array of ``dtype``."""
-    if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == 1
+def check_writable_array(name, array, dtype, ndim=1):
+    """Refuse what the compiled writer's typed pointers would refuse: anything but an
+    ``ndim``-D, C-contiguous, writable numpy array of ``dtype``."""
+    if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == ndim
             and array.flags.c_contiguous and array.flags.writeable):
-        raise ValueError(f"{name} must be a 1-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
+        raise ValueError(f"{name} must be a {ndim}-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
 
 
 class DeviceTableRows:
@@ -126,13 +126,10 @@ class AttentionMetadata:
             check_writable_array("kv_indptr", kv_indptr[group], np.int32)
             check_writable_array("kv_last_page_len", kv_last_page_len[group], np.int32)
             if block_table is not None:
-                dense = block_table[group]
-                if not (isinstance(dense, np.ndarray) and dense.dtype == np.int32 and dense.ndim == 2
-                        and dense.flags.c_contiguous and dense.flags.writeable):
-                    raise ValueError("block_table must hold 2-D, C-contiguous, writable int32 numpy arrays")
-                if dense.shape[1] != max_blocks_per_seq:
+                check_writable_array("block_table", block_table[group], np.int32, ndim=2)
+                if block_table[group].shape[1] != max_blocks_per_seq:
                     raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, "
-                                     f"got {dense.shape[1]}")
+                                     f"got {block_table[group].shape[1]}")
                 check_writable_array("kv_indices", kv_indices[group], np.int32)
         self.release()
         self.has_device_table = False  # the device table is bound to the old arrays: bind it again
