@@ -4,6 +4,7 @@ compiled backend's hash table through growth and backward-shift deletion)."""
 
 import random
 
+from tokcy import RequestState
 from tokcy.connector import SchedulerOutputManager
 
 
@@ -47,3 +48,50 @@ def test_reports_stay_correct_across_many_requests(backend):
     assert not output.is_new.any()
     assert output.token_offsets[-1] == len(range(3, 600, 3))
     assert manager.build_scheduler_output([requests[0]], []).requests[0].new_tokens == [7]
+
+
+def test_block_counts_survive_the_slot_table_growing_and_freed_slots_being_reused(backend):
+    """Each request's reported block count per layer group stays its own while the table
+    of tracked requests grows under it (more than two groups keep their counts outside a
+    compiled slot) and while finished requests' places are handed to new ones."""
+    manager = SchedulerOutputManager()
+    many = backend.Request(1, [5, 6], num_layer_groups=3)
+    two = backend.Request(2, [8], num_layer_groups=2)
+    for group, table in enumerate(many.block_tables):
+        table.extend([10 * group, 10 * group + 1])
+    two.block_tables[0].append(40)
+    two.block_tables[1].extend([50, 51, 52])
+    manager.build_scheduler_output([many, two], [])
+    for request in (many, two):
+        request.move_to_next_context_chunk()
+        request.state = RequestState.GENERATION_IN_PROGRESS
+    for first in range(100, 1100, 100):  # 1,000 more tracked requests, then 500 of them finished
+        joining = [backend.Request(request_id, [request_id]) for request_id in range(first, first + 100)]
+        manager.build_scheduler_output(joining, [])
+    for request_id in range(100, 1100, 2):
+        manager.request_finished(request_id)
+    reused = [backend.Request(request_id, [3], num_layer_groups=1 + request_id % 4) for request_id in range(5000, 5400)]
+    for request in reused:
+        for table in request.block_tables:
+            table.append(request.request_id)
+    manager.build_scheduler_output(reused, [])
+    assert manager.num_tracked_requests == 2 + 500 + 400
+    many.block_tables[1].append(12)
+    many.block_tables[2][1] = 99
+    two.block_tables[1].truncate(1)
+    many.add_new_token(7)
+    output = manager.build_scheduler_output([], [many, two, reused[3]])
+    assert [row.as_dict() for row in output.requests] == [
+        {"request_id": 1, "is_new": False, "computed_position": 2, "num_scheduled_tokens": 1,
+         "new_tokens": [7], "num_replaced_tokens": 0,
+         "new_block_ids_by_group": [[], [12], [99]], "num_replaced_blocks_by_group": [0, 0, 1],
+         "num_released_blocks_by_group": [0, 0, 0]},
+        {"request_id": 2, "is_new": False, "computed_position": 0, "num_scheduled_tokens": 1,
+         "new_tokens": [], "num_replaced_tokens": 0,
+         "new_block_ids_by_group": [[], []], "num_replaced_blocks_by_group": [0, 2],
+         "num_released_blocks_by_group": [0, 0]},
+        {"request_id": 5003, "is_new": False, "computed_position": 0, "num_scheduled_tokens": 1,
+         "new_tokens": [], "num_replaced_tokens": 0,
+         "new_block_ids_by_group": [[], [], [], []], "num_replaced_blocks_by_group": [0, 0, 0, 0],
+         "num_released_blocks_by_group": [0, 0, 0, 0]},
+    ]

@@ -60,7 +60,7 @@
 
 from cpython.list cimport PyList_GET_ITEM
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
-from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc, realloc
 
 from tokcy import _report_checks
@@ -69,7 +69,8 @@ from tokcy import _report_checks
 cdef class ReportState:
     """Per-request report state of one ``tokcy.connector.SchedulerOutputManager`` and its batch loop."""
 
-    cdef ReportSlot* slots
+    cdef ReportSlot* slots              # CACHE_LINE-aligned, in slots_block
+    cdef void* slots_block
     cdef Py_ssize_t slot_capacity
     cdef Py_ssize_t num_slots_used      # slots ever handed out (high-water mark)
     cdef Py_ssize_t free_head
@@ -101,8 +102,8 @@ cdef class ReportState:
         cdef Py_ssize_t number
         if self.slots != NULL:
             for number in range(self.num_slots_used):
-                free(self.slots[number].num_blocks)
-        free(self.slots)
+                free_blocks(&self.slots[number])
+        free(self.slots_block)
         free(self.index)
         free(self.rows_block)
         free(self.segments)
@@ -147,33 +148,26 @@ cdef class ReportState:
     cdef Py_ssize_t _insert(self, int64_t request_id) except -1:
         """A fresh, never-reported slot for ``request_id`` (which must not be present)."""
         cdef Py_ssize_t number
-        cdef ReportSlot* slots
         cdef ReportSlot* slot
         if 2 * (self.num_live + 1) > self.index_capacity:
             self._grow_index(2 * self.index_capacity)
         if self.free_head != NO_ENTRY:
             number = self.free_head
-            self.free_head = self.slots[number].next_free
+            self.free_head = self.slots[number].blocks.next_free
         else:
             if self.num_slots_used == self.slot_capacity:
-                slots = <ReportSlot*>realloc(self.slots, grown_capacity(self.slot_capacity, self.slot_capacity + 1) * sizeof(ReportSlot))
-                if slots == NULL:
-                    raise MemoryError()
-                self.slots = slots
-                self.slot_capacity = grown_capacity(self.slot_capacity, self.slot_capacity + 1)
+                self._grow_slots()
             number = self.num_slots_used
             self.num_slots_used += 1
-            self.slots[number].num_blocks = NULL
-        slot = &self.slots[number]  # its num_blocks is NULL: never allocated, or freed by _remove
+        slot = &self.slots[number]  # it has no block counts: never had any, or freed by _remove
         slot.group_capacity = INLINE_GROUPS
-        slot.inline_blocks[0] = slot.inline_blocks[1] = 0  # never read before written; zero all the same
+        slot.blocks.counts[0] = slot.blocks.counts[1] = 0  # never read before written; zero all the same
         slot.request_id = request_id
         slot.stamp = 0
         slot.num_tokens = 0
         slot.num_pauses = 0
         slot.matched = 0
         slot.num_groups = NEVER_REPORTED
-        slot.next_free = NO_ENTRY
         slot.live = True
         slot.reported = False
         self.index[self._probe(request_id)] = number
@@ -202,14 +196,29 @@ cdef class ReportState:
             self.index[hole] = moved
             self.index[position] = NO_ENTRY
             hole = position
-        free(self.slots[number].num_blocks)
-        self.slots[number].num_blocks = NULL
-        self.slots[number].group_capacity = 0
+        free_blocks(&self.slots[number])
         self.slots[number].live = False
         self.slots[number].reported = False  # so reported implies live (the fast plan reads one)
-        self.slots[number].next_free = self.free_head
+        self.slots[number].blocks.next_free = self.free_head
         self.free_head = number
         self.num_live -= 1
+
+    cdef int _grow_slots(self) except -1:
+        """Room for one more slot: a larger aligned array, the slots moved into it."""
+        cdef Py_ssize_t capacity = grown_capacity(self.slot_capacity, self.slot_capacity + 1)
+        cdef void* block = malloc(capacity * sizeof(ReportSlot) + CACHE_LINE - 1)
+        cdef ReportSlot* slots
+        debug_assert(sizeof(ReportSlot) == CACHE_LINE)  # (ReportSlot's layout)
+        if block == NULL:
+            raise MemoryError()
+        slots = <ReportSlot*>line_aligned(block)
+        if self.num_slots_used:
+            memcpy(slots, self.slots, self.num_slots_used * sizeof(ReportSlot))
+        free(self.slots_block)
+        self.slots_block = block
+        self.slots = slots
+        self.slot_capacity = capacity
+        return 0
 
     # ------------------------------------------------------------------ scratch space
     cdef int _reserve_rows(self, Py_ssize_t count) except -1:
@@ -225,7 +234,7 @@ cdef class ReportState:
                 raise MemoryError()
             free(self.rows_block)
             self.rows_block = block
-            self.rows = <RowJob*>((<uintptr_t>block + CACHE_LINE - 1) & ~<uintptr_t>(CACHE_LINE - 1))
+            self.rows = <RowJob*>line_aligned(block)
             self.row_capacity = 0  # until fresh has the room too
             fresh = <Py_ssize_t*>realloc(self.fresh, capacity * sizeof(Py_ssize_t))
             if fresh == NULL:
@@ -250,16 +259,20 @@ cdef class ReportState:
         cdef ReportSlot* slot = &self.slots[number]
         cdef Py_ssize_t* counts
         cdef Py_ssize_t group
+        debug_assert(num_groups < (1 << 15))  # a Request's tables: at most 1,024 (tokcy._invariants)
         if num_groups > slot.group_capacity:
-            counts = <Py_ssize_t*>realloc(slot.num_blocks, num_groups * sizeof(Py_ssize_t))
+            if slot.group_capacity > INLINE_GROUPS:
+                counts = <Py_ssize_t*>realloc(slot.blocks.heap, num_groups * sizeof(Py_ssize_t))
+            else:  # the counts move out of the slot
+                counts = <Py_ssize_t*>malloc(num_groups * sizeof(Py_ssize_t))
+                if counts != NULL:
+                    memcpy(counts, slot.blocks.counts, INLINE_GROUPS * sizeof(Py_ssize_t))
             if counts == NULL:
                 raise MemoryError()
-            if slot.num_blocks == NULL:  # the counts move out of the slot
-                memcpy(counts, slot.inline_blocks, INLINE_GROUPS * sizeof(Py_ssize_t))
             for group in range(slot.group_capacity, num_groups):
                 counts[group] = 0  # never read before written; zero all the same
-            slot.num_blocks = counts
-            slot.group_capacity = num_groups
+            slot.blocks.heap = counts
+            slot.group_capacity = <int16_t>num_groups
         return 0
 
     # ------------------------------------------------------------------ owned references

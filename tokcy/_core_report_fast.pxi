@@ -109,8 +109,7 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
             ahead = requests[index + PREFETCH_ROWS]
             if <void*>ahead.ob_type == <void*>Request:
                 if <size_t>(<Request>ahead)._report_slot < num_slots:
-                    prefetch(<uintptr_t>&slots[(<Request>ahead)._report_slot])
-                    prefetch(<uintptr_t>&slots[(<Request>ahead)._report_slot] + sizeof(ReportSlot) - 1)
+                    prefetch(<uintptr_t>&slots[(<Request>ahead)._report_slot])  # one line (ReportSlot)
                 prefetch(<uintptr_t><PyObject*>(<Request>ahead)._beam0 + 24)  # type and counts: one line
                 prefetch(<uintptr_t><PyObject*>(<Request>ahead)._table0 + 8)
                 prefetch(<uintptr_t><PyObject*>(<Request>ahead)._table0 + 39)
@@ -352,7 +351,7 @@ cdef void write_report(
                 slot.num_pauses = job.num_pauses
                 slot.matched = 0  # used by a context row, discarded by any other
                 slot.reported = True
-                slot.num_groups = job.num_groups
+                slot.num_groups = <int16_t>job.num_groups
                 slot_blocks = blocks_of(slot)
                 for group in range(job.num_groups):
                     slot_blocks[group] = state.segments[job.first_segment + group].end

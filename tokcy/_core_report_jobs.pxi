@@ -3,7 +3,8 @@
 # SegmentJob), and the small helpers both passes share. ReportState: _core_report.pxi.
 
 from cpython.ref cimport PyObject
-from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdint cimport int16_t, uint64_t, uintptr_t
+from libc.stdlib cimport free
 
 cdef extern from "Python.h":
     # on borrowed pointers (an object argument would add and drop a reference per call)
@@ -13,30 +14,37 @@ cdef extern from "Python.h":
 
 ctypedef unsigned char bint8  # a one-byte flag (RowJob's, which must fit its first line)
 
-# RowJob arrays are aligned to this (ReportState.rows)
+# ReportSlot and RowJob arrays are aligned to this (ReportState.slots, .rows)
 cdef size_t CACHE_LINE = 64
 
 
 cdef enum:
-    # layer groups whose reported block counts a slot keeps in itself (ReportSlot.inline_blocks)
+    # layer groups whose reported block counts a slot keeps in itself (SlotBlocks.counts)
     INLINE_GROUPS = 2
 
 
+cdef union SlotBlocks:
+    # Which member holds depends on the slot's group_capacity (blocks_of()): 0, the slot is
+    # free and this is the free list's link; up to INLINE_GROUPS, the counts are here; more,
+    # they are in a malloc'd array of group_capacity entries.
+    Py_ssize_t counts[INLINE_GROUPS]
+    Py_ssize_t* heap
+    Py_ssize_t next_free       # the next free slot, or NO_ENTRY
+
+
 cdef struct ReportSlot:
+    # 64 bytes from a 64-byte aligned array (ReportState.slots): one cache line per request,
+    # read and written by every fast-plan row. Only speed depends on this.
     int64_t request_id
     int64_t stamp              # the build() call that last scheduled it (duplicate check)
     Py_ssize_t num_tokens      # beam-0 tokens reported so far (the consumer's mirror length)
     Py_ssize_t num_pauses      # the request's pause count at its last report
     Py_ssize_t matched         # connector-supplied tokens to subtract on the next report
-    Py_ssize_t num_groups      # layer groups at the first report; NEVER_REPORTED before any
-    Py_ssize_t group_capacity  # groups blocks_of() has room for
-    # blocks reported so far, per group (blocks_of()): in the slot itself for up to
-    # INLINE_GROUPS groups (num_blocks NULL), else in a malloc'd array
-    Py_ssize_t inline_blocks[INLINE_GROUPS]
-    Py_ssize_t* num_blocks
-    Py_ssize_t next_free       # free-list link while the slot is unused
-    bint live
-    bint reported              # False: the next report is a new request (never reported, or reset)
+    SlotBlocks blocks          # blocks reported so far, per group (blocks_of())
+    int16_t num_groups         # layer groups at the first report (at most 1,024, a Request's); NEVER_REPORTED before
+    int16_t group_capacity     # groups blocks_of() has room for; 0 while the slot is free
+    bint8 live
+    bint8 reported             # False: the next report is a new request (never reported, or reset)
 
 
 cdef struct RowJob:
@@ -102,9 +110,21 @@ cdef Py_ssize_t NEVER_REPORTED = -1
 cdef Py_ssize_t NOGIL_MIN_ENTRIES = 1 << 16
 
 
+cdef inline void* line_aligned(void* block) noexcept nogil:
+    """The first CACHE_LINE boundary in a block malloc'd CACHE_LINE - 1 bytes larger."""
+    return <void*>((<uintptr_t>block + CACHE_LINE - 1) & ~<uintptr_t>(CACHE_LINE - 1))
+
+
 cdef inline Py_ssize_t* blocks_of(ReportSlot* slot) noexcept nogil:
-    """The slot's reported block count per group (group_capacity entries)."""
-    return slot.num_blocks if slot.num_blocks != NULL else slot.inline_blocks
+    """The slot's reported block count per group (group_capacity entries; a live slot's)."""
+    return slot.blocks.heap if slot.group_capacity > INLINE_GROUPS else slot.blocks.counts
+
+
+cdef inline void free_blocks(ReportSlot* slot) noexcept nogil:
+    """Free a slot's block counts if they are not in the slot (it is left without any)."""
+    if slot.group_capacity > INLINE_GROUPS:
+        free(slot.blocks.heap)
+    slot.group_capacity = 0
 
 
 cdef inline Py_ssize_t* mark_of(PyObject* buffer) noexcept:
