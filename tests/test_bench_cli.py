@@ -175,3 +175,91 @@ def test_device_feed_goals_from_worked_rows(backend):
     assert verdicts(row("cuda", 31e-6, 15e-6, 12e-6)) == [(True, "1.25x"), (False, "31.0 us")]
     assert verdicts(row("cuda", 25e-6, 15e-6, 12e-6, requests=16)) == [(None, "B = 256 not run"), (None, "not run")]
     assert SCENARIO.goals([row("cuda", 25e-6, 15e-6, 12e-6)], "python") == []  # the twin has no goal here
+    # with paired rounds the goal reads the median of their ratios, not the medians' ratio
+    paired = row("cpu", 400e-6, 20e-6, 12e-6)
+    paired.paired_rounds = {"tokcy tokens / prepare_inputs": [1.9, 1.2, 1.3]}
+    assert verdicts(paired) == [(True, "1.30x"), (None, "no CUDA device here")]
+
+
+def test_a_step_timed_beside_another_pairs_their_rounds(backend):
+    """measure(..., after_round=StepBeside(...)): one round of the second step after each
+    round of the first, ``per_round`` calls each, every call after its ``before``; the
+    ratios pair round i with round i."""
+    from tokcy.bench.timing import Plan, StepBeside, measure
+
+    calls = []
+    plan = Plan(warmup=1, rounds=4, per_round=3)
+    beside = StepBeside(lambda: calls.append("beside"), plan, before=lambda: calls.append("before"))
+    timing = measure(lambda: calls.append("step"), plan, number=1, after_round=beside)
+    assert len(beside.round_medians) == len(timing.round_medians) == 4
+    assert calls[0] == "step"  # the first call sizes the step (warmup = 1: no other warm-up call)
+    timed = calls[1:]
+    assert timed == (["step"] * 3 + ["before", "beside"] * 3) * 4
+    beside.round_medians = [1.0, 2.0, 4.0, 0.0]
+    timing.round_medians = [3.0, 3.0, 3.0, 3.0]
+    assert beside.ratios(timing) == [3.0, 1.5, 0.75]  # a round of 0 s pairs with nothing
+    assert beside.timing().rounds == 4 and beside.timing().per_round == 3
+
+
+def test_connector_goals_read_paired_rounds_when_a_row_has_them():
+    """'flat in tokens' (8 x 131,072 over 8 x 2,048, at most 1.2x) and 'RequestData within
+    3x of the columns' from rows written by hand: the medians' ratio when a row has no
+    paired rounds (1.5 us over 1.0 us is 1.50x: FAIL; 3.5 over 1.0 is 3.5x: FAIL), the
+    median of the paired rounds' ratios when it has them (1.10x: PASS; 2.0x: PASS)."""
+    from tokcy.bench import connector, connector_batch
+
+    def rows(paired):
+        small = Row(config={"requests": 8, "tokens": 2_048}, values={"tokcy": 1.0e-6, "after": 1e-3})
+        large = Row(config={"requests": 8, "tokens": 131_072}, values={"tokcy": 1.5e-6, "after": 1e-3})
+        batch = Row(config={"requests": 256, "tokens": 2_048},
+                    values={"tokcy": 1.0e-6, "tokcy+RequestData": 3.5e-6, "after": 1e-3})
+        if paired:
+            large.paired_rounds = {connector.FLAT_PAIR: [1.3, 1.1, 1.0, 1.1, 1.2]}
+            batch.paired_rounds = {connector.OBJECTS_PAIR: [2.0, 4.0, 1.5]}
+        return [small, large, batch]
+
+    def verdict(goals, starts):
+        (goal,) = [goal for goal in goals if goal.text.startswith(starts)]
+        return goal.passed, goal.measured
+
+    for paired, flat, objects in ((False, (False, "1.50x"), (False, "3.5x")), (True, (True, "1.10x"), (True, "2.0x"))):
+        assert verdict(connector.SCENARIO.goals(rows(paired), "cython"), "tokcy flat in tokens") == flat
+        assert verdict(connector_batch.SCENARIO.goals(rows(paired), "cython"), "RequestData") == objects
+
+
+def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(backend, monkeypatch):
+    """run_row times tokcy at the flat goal's small size beside tokcy at its large one, and
+    tokcy beside tokcy+RequestData: one paired ratio per round of each (sizes shrunk here);
+    each timed report follows a decode step of its own."""
+    from tokcy.bench import connector
+    from tokcy.bench.timing import Plan
+
+    worlds = []
+
+    class CountedWorld(connector.DecodeWorld):
+        def __init__(self, *args, **kwargs):
+            self.steps = self.timed_reports = 0
+            super().__init__(*args, **kwargs)
+            self.steps = self.timed_reports = 0  # what the world did to reach steady decode is not timed
+            worlds.append(self)
+
+        def advance(self):
+            self.steps += 1
+            super().advance()
+
+        def report(self):
+            self.timed_reports += 1
+            return super().report()
+
+    monkeypatch.setattr(connector, "DecodeWorld", CountedWorld)
+    monkeypatch.setattr(connector, "FLAT_LARGE", (4, 256))
+    monkeypatch.setattr(connector, "FLAT_SMALL", (2, 64))
+    plan = Plan(warmup=4, rounds=3, per_round=2)
+    row = connector.run_row({"requests": 4, "tokens": 256}, backend, plan, ["tokcy", "tokcy+RequestData", "after"])
+    assert sorted(row.paired_rounds) == sorted([connector.FLAT_PAIR, connector.OBJECTS_PAIR])
+    assert all(len(ratios) == 3 and min(ratios) > 0 for ratios in row.paired_rounds.values())
+    other = connector.run_row({"requests": 2, "tokens": 64}, backend, plan, ["tokcy", "after"])
+    assert other.paired_rounds == {}  # neither goal's row
+    # every report timed is of a decode step of its own (these take microseconds: never
+    # several back-to-back reports after one step, all but the first with nothing new)
+    assert len(worlds) == 4 + 2 and all(world.timed_reports == world.steps > 0 for world in worlds)

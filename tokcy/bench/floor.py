@@ -15,9 +15,7 @@ Without the helper the bench runs and says so; the column shows "-".
 
 from __future__ import annotations
 
-import statistics
-
-from tokcy.bench.timing import Timing
+from tokcy.bench.timing import Beside, Timing
 
 
 def _load_floor():
@@ -50,30 +48,17 @@ def _repetitions(estimate_s: float) -> int:
     return max(1, min(200_000, int(50e-6 / max(estimate_s, 1e-9))))
 
 
-class Rounds:
-    """The floor timed one round at a time: each call times one round of ``per_round``
-    samples. The scenarios call it right after each of tokcy's rounds, so the two are
-    timed seconds apart at most: the speed of these shared machines changes between
-    seconds, and a ratio of figures timed at different moments would carry that change."""
+class Rounds(Beside):
+    """The floor timed one round at a time (``Beside``): each call times one round of
+    ``per_round`` samples, right after one of tokcy's rounds."""
 
     def __init__(self, run, plan, reps: int):
+        super().__init__(plan.per_round, reps)
         self._run = run  # run(reps, samples) -> (seconds per call per sample, checksum)
-        self._per_round = max(1, plan.per_round)
-        self._reps = reps
-        self.round_medians: list = []
 
-    def __call__(self) -> None:
-        samples, _ = self._run(self._reps, self._per_round)
-        self.round_medians.append(statistics.median(samples))
-
-    def timing(self) -> Timing:
-        medians = self.round_medians
-        return Timing(median=statistics.median(medians), round_medians=list(medians), rounds=len(medians),
-                      per_round=self._per_round, warmup=1, number=self._reps)
-
-    def ratios(self, timing: Timing) -> list:
-        """Per round: ``timing``'s round median over the floor's round run right after it."""
-        return [mine / floor for mine, floor in zip(timing.round_medians, self.round_medians) if floor > 0]
+    def _samples(self) -> list:
+        samples, _ = self._run(self.number, self.per_round)
+        return samples
 
 
 def prepare_rounds(num_generation: int, seq_len: int, num_drafts: int, chunk: int, plan) -> Rounds | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from tokcy.bench.report import format_ratio, format_seconds
 from tokcy.bench.scenario import Goal
 
@@ -52,11 +54,14 @@ def speedup_at_least(rows: list, baseline: str, factor: float, where=None, where
     return Goal(text, f"lowest {format_ratio(min(ratios))}", min(ratios) >= factor)
 
 
-def flat(rows: list, small, large, factor: float, text: str, name: str = "tokcy") -> Goal:
-    """``name`` at the row ``large`` selects within ``factor`` of the row ``small`` selects."""
+def flat(rows: list, small, large, factor: float, text: str, name: str = "tokcy", paired: str | None = None) -> Goal:
+    """``name`` at the row ``large`` selects within ``factor`` of the row ``small`` selects:
+    the median of the per-round ratios the large row keeps under ``paired`` (the small
+    configuration timed beside it) when it has them, else the ratio of the two medians."""
     low = [row.values.get(name) for row in rows if small(row.config)]
-    high = [row.values.get(name) for row in rows if large(row.config)]
-    if not (low and high and low[0] and high[0]):
+    high = [row for row in rows if large(row.config)]
+    if not (low and high and low[0] and high[0].values.get(name)):
         return Goal(text, "not run", None)
-    ratio = high[0] / low[0]
+    rounds = high[0].paired_rounds.get(paired) if paired else None
+    ratio = statistics.median(rounds) if rounds else high[0].values[name] / low[0]
     return Goal(text, f"{ratio:.2f}x", ratio <= factor)

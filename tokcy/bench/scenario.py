@@ -19,6 +19,8 @@ class Row:
     note: str = ""
     # implementation -> its round medians over the floor's, each floor round timed right after
     floor_rounds: dict = field(default_factory=dict)
+    # "name / other" -> name's round medians over other's, each of other's rounds timed right after
+    paired_rounds: dict = field(default_factory=dict)
 
     def ratios(self, tokcy_name: str = "tokcy") -> dict:
         """baseline / tokcy for every baseline (tokcy's speed-up or saving); the floor and
@@ -34,11 +36,18 @@ class Row:
         """name / floor: how many times the plain-C floor tokcy takes (None without a floor):
         the median of the per-round ratios where the floor's rounds ran beside name's, else
         the ratio of the two medians."""
-        paired = self.floor_rounds.get(name)
+        return self._ratio(self.floor_rounds.get(name), name, "floor")
+
+    def paired_ratio(self, name: str, other: str):
+        """name / other: the median of the per-round ratios where other's rounds ran beside
+        name's (``paired_rounds``), else the ratio of the two medians (None without both)."""
+        return self._ratio(self.paired_rounds.get(f"{name} / {other}"), name, other)
+
+    def _ratio(self, paired, name: str, other: str):
         if paired:
             return statistics.median(paired)
-        mine, floor = self.values.get(name), self.values.get("floor")
-        return mine / floor if mine and floor else None
+        mine, theirs = self.values.get(name), self.values.get(other)
+        return mine / theirs if mine and theirs else None
 
     def spread(self, name: str):
         """(lowest, highest) round median of a timed implementation, or None."""
@@ -52,6 +61,7 @@ class Row:
             "ratios": self.ratios(),
             "tokcy_over_floor": self.floor_ratio(),
             "floor_rounds": self.floor_rounds,
+            "paired_rounds": self.paired_rounds,
             "timings": self.timings,
             "reference": self.reference,
             "note": self.note,

@@ -20,7 +20,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 
-__all__ = ["Plan", "Timing", "measure", "PLANS"]
+__all__ = ["Plan", "Timing", "measure", "time_round", "Beside", "StepBeside", "PLANS"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,67 @@ def _calibrate(step, plan: Plan) -> int:
         number *= 2 if elapsed * 8 > plan.min_sample_s else 8
 
 
+def time_round(step, per_round: int, before=None, number: int = 1) -> list:
+    """One round: ``per_round`` samples of ``step()`` (seconds per call), each after an
+    untimed ``before()``."""
+    clock = time.perf_counter
+    repeat = itertools.repeat
+    samples = []
+    for _ in range(per_round):
+        if before is not None:
+            before()
+        if number == 1:
+            start = clock()
+            step()
+            samples.append(clock() - start)
+        else:
+            start = clock()
+            for _ in repeat(None, number):
+                step()
+            samples.append((clock() - start) / number)
+    return samples
+
+
+class Beside:
+    """A second figure timed one round at a time, each call right after one of a measured
+    step's rounds (``measure(..., after_round=beside)``), so that the two are timed seconds
+    apart at most: the speed of these shared machines changes between seconds, and a ratio
+    of figures timed at different moments would carry that change. ``ratios`` pairs the
+    rounds; a subclass says how one round is timed (``_samples``)."""
+
+    def __init__(self, per_round: int, number: int):
+        self.per_round = max(1, per_round)
+        self.number = number
+        self.round_medians: list = []
+
+    def _samples(self) -> list:
+        raise NotImplementedError
+
+    def __call__(self) -> None:
+        self.round_medians.append(statistics.median(self._samples()))
+
+    def timing(self) -> Timing:
+        medians = self.round_medians
+        return Timing(median=statistics.median(medians), round_medians=list(medians), rounds=len(medians),
+                      per_round=self.per_round, warmup=1, number=self.number)
+
+    def ratios(self, timing: Timing) -> list:
+        """Per round: ``timing``'s round median over this figure's round run right after it."""
+        return [mine / other for mine, other in zip(timing.round_medians, self.round_medians) if other > 0]
+
+
+class StepBeside(Beside):
+    """A Python step timed beside another (see ``Beside``), one call per sample."""
+
+    def __init__(self, step, plan: Plan, *, before=None):
+        super().__init__(plan.per_round, 1)
+        self._step = step
+        self._before = before
+
+    def _samples(self) -> list:
+        return time_round(self._step, self.per_round, self._before)
+
+
 def measure(step, plan: Plan, *, before=None, number: int | None = None, after_round=None) -> Timing:
     """Time ``step()`` with ``plan``; see the module docstring. ``after_round``: called,
     untimed, after each timed round (the floor times its round there, so that each of
@@ -103,20 +164,7 @@ def measure(step, plan: Plan, *, before=None, number: int | None = None, after_r
             step()
     round_medians = []
     for _ in range(plan.rounds):
-        samples = []
-        for _ in range(plan.per_round):
-            if before is not None:
-                before()
-            if number == 1:
-                start = clock()
-                step()
-                samples.append(clock() - start)
-            else:
-                start = clock()
-                for _ in repeat(None, number):
-                    step()
-                samples.append((clock() - start) / number)
-        round_medians.append(statistics.median(samples))
+        round_medians.append(statistics.median(time_round(step, plan.per_round, before, number)))
         if after_round is not None:
             after_round()
     return Timing(
