@@ -183,8 +183,8 @@ def test_device_feed_goals_from_worked_rows(backend):
 
 def test_a_step_timed_beside_another_pairs_their_rounds(backend):
     """measure(..., after_round=StepBeside(...)): one round of the second step after each
-    round of the first, ``per_round`` calls each, every call after its ``before``; the
-    ratios pair round i with round i."""
+    round of the first, ``per_round`` calls each, every call after its ``before``, its
+    warm-up before its first round; the ratios pair round i with round i."""
     from tokcy.bench.timing import Plan, StepBeside, measure
 
     calls = []
@@ -194,11 +194,12 @@ def test_a_step_timed_beside_another_pairs_their_rounds(backend):
     assert len(beside.round_medians) == len(timing.round_medians) == 4
     assert calls[0] == "step"  # the first call sizes the step (warmup = 1: no other warm-up call)
     timed = calls[1:]
-    assert timed == (["step"] * 3 + ["before", "beside"] * 3) * 4
+    # the beside step's warm-up (plan.warmup = 1 call) comes before its first round
+    assert timed == ["step"] * 3 + ["before", "beside"] * (1 + 3) + (["step"] * 3 + ["before", "beside"] * 3) * 3
     beside.round_medians = [1.0, 2.0, 4.0, 0.0]
     timing.round_medians = [3.0, 3.0, 3.0, 3.0]
     assert beside.ratios(timing) == [3.0, 1.5, 0.75]  # a round of 0 s pairs with nothing
-    assert beside.timing().rounds == 4 and beside.timing().per_round == 3
+    assert (beside.timing().rounds, beside.timing().per_round, beside.timing().warmup) == (4, 3, 1)
 
 
 def test_connector_goals_read_paired_rounds_when_a_row_has_them():
@@ -229,8 +230,12 @@ def test_connector_goals_read_paired_rounds_when_a_row_has_them():
 
 def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(backend, monkeypatch):
     """run_row times tokcy at the flat goal's small size beside tokcy at its large one, and
-    tokcy beside tokcy+RequestData: one paired ratio per round of each (sizes shrunk here);
-    each timed report follows a decode step of its own."""
+    tokcy beside tokcy+RequestData: one paired ratio per round of each (sizes shrunk here),
+    the right way up (the small world's and the RequestData world's reports are made 2 ms
+    slower, some hundred times a report's own time); each timed report follows a decode
+    step of its own."""
+    import time
+
     from tokcy.bench import connector
     from tokcy.bench.timing import Plan
 
@@ -249,6 +254,8 @@ def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(
 
         def report(self):
             self.timed_reports += 1
+            if len(self.requests) == 2 or self.implementation == "tokcy+RequestData":
+                time.sleep(2e-3)
             return super().report()
 
     monkeypatch.setattr(connector, "DecodeWorld", CountedWorld)
@@ -258,6 +265,8 @@ def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(
     row = connector.run_row({"requests": 4, "tokens": 256}, backend, plan, ["tokcy", "tokcy+RequestData", "after"])
     assert sorted(row.paired_rounds) == sorted([connector.FLAT_PAIR, connector.OBJECTS_PAIR])
     assert all(len(ratios) == 3 and min(ratios) > 0 for ratios in row.paired_rounds.values())
+    assert max(row.paired_rounds[connector.FLAT_PAIR]) < 0.5  # large over small
+    assert min(row.paired_rounds[connector.OBJECTS_PAIR]) > 2  # RequestData over columns
     other = connector.run_row({"requests": 2, "tokens": 64}, backend, plan, ["tokcy", "after"])
     assert other.paired_rounds == {}  # neither goal's row
     # every report timed is of a decode step of its own (these take microseconds: never

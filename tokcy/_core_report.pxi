@@ -263,7 +263,8 @@ cdef class ReportState:
         if num_groups > slot.group_capacity:
             if slot.group_capacity > INLINE_GROUPS:
                 counts = <Py_ssize_t*>realloc(slot.blocks.heap, num_groups * sizeof(Py_ssize_t))
-            else:  # the counts move out of the slot
+            else:  # the counts move out of the slot (a live slot's: it holds INLINE_GROUPS)
+                debug_assert(slot.group_capacity == INLINE_GROUPS and slot.live)
                 counts = <Py_ssize_t*>malloc(num_groups * sizeof(Py_ssize_t))
                 if counts != NULL:
                     memcpy(counts, slot.blocks.counts, INLINE_GROUPS * sizeof(Py_ssize_t))

@@ -33,7 +33,7 @@ import numpy as np
 
 from tokcy._request_data import COLUMNS
 from tokcy.bench import floor, goals
-from tokcy.bench.scenario import Row, Scenario
+from tokcy.bench.scenario import Row, Scenario, pair_key
 from tokcy.bench.timing import StepBeside, Timing, measure
 
 BLOCK = 32
@@ -52,8 +52,9 @@ QUOTED_MS = {
 QUOTED_ROWS = tuple(QUOTED_MS)
 # the goal "flat in tokens": tokcy at FLAT_LARGE within FLAT_FACTOR of tokcy at FLAT_SMALL
 FLAT_SMALL, FLAT_LARGE, FLAT_FACTOR = (8, 2_048), (8, 131_072), 1.2
-FLAT_PAIR = "tokcy / tokcy at 8 x 2,048"  # its paired rounds, in FLAT_LARGE's row
-OBJECTS_PAIR = "tokcy+RequestData / tokcy"  # the RequestData goal's paired rounds
+# its paired rounds, in FLAT_LARGE's row
+FLAT_PAIR = pair_key("tokcy", f"tokcy at {FLAT_SMALL[0]} x {FLAT_SMALL[1]:,}")
+OBJECTS_PAIR = pair_key("tokcy+RequestData", "tokcy")  # connector_batch's RequestData goal's paired rounds
 QUOTED_TITLE = ("TensorRT-LLM pull request #22092's own figures for the engine's code (main, and with the PR), "
                 "measured on a Xeon Platinum 8352Y with CPython 3.12: another machine and other code, for scale only")
 
@@ -162,14 +163,14 @@ def run_row(config, backend, plan, names) -> Row:
         small = DecodeWorld(backend, *FLAT_SMALL, "tokcy")
         beside["tokcy"][FLAT_PAIR] = StepBeside(small.report, plan, before=small.advance)
     if "tokcy+RequestData" in worlds:
-        columns = worlds["tokcy"]
-        beside["tokcy+RequestData"][OBJECTS_PAIR] = StepBeside(columns.report, plan, before=columns.advance)
+        tokcy_world = worlds["tokcy"]
+        beside["tokcy+RequestData"][OBJECTS_PAIR] = StepBeside(tokcy_world.report, plan, before=tokcy_world.advance)
     for name, world in worlds.items():
         step = world.report
         if name in CONSUMERS:
             def step(world=world, consume=CONSUMERS[name]):
                 consume(world.report())
-        rounds = list(beside.get(name, {}).values()) + ([floor_rounds] if name == "tokcy" and floor_rounds else [])
+        rounds = ([floor_rounds] if name == "tokcy" and floor_rounds else []) + list(beside.get(name, {}).values())
         # one report per sample (number=1), each after its iteration's tokens: back-to-back
         # reports after one advance would time reports of iterations with nothing new
         timings[name] = measure(step, plan, before=world.advance, number=1,
@@ -188,7 +189,8 @@ def run_row(config, backend, plan, names) -> Row:
 
 
 def request_data_goal(rows, batch=256, factor=3.0):
-    """tokcy+RequestData within ``factor`` of the columnar report alone at ``batch`` requests."""
+    """tokcy+RequestData within ``factor`` of the columnar report alone at ``batch`` requests
+    (the median of their paired rounds' ratios where the row has them)."""
     text = f"RequestData of a whole report within {factor:g}x of the columnar report alone at {batch} requests"
     ratios = [row.paired_ratio("tokcy+RequestData", "tokcy") for row in rows if row.config["requests"] == batch]
     ratios = [ratio for ratio in ratios if ratio]
@@ -234,7 +236,8 @@ class Connector(Scenario):
                                    "256 x 2,048"),
             goals.flat(rows, lambda c: (c["requests"], c["tokens"]) == FLAT_SMALL,
                        lambda c: (c["requests"], c["tokens"]) == FLAT_LARGE, FLAT_FACTOR,
-                       "tokcy flat in tokens: 8 x 131,072 within 1.2x of 8 x 2,048", paired=FLAT_PAIR),
+                       f"tokcy flat in tokens: {FLAT_LARGE[0]} x {FLAT_LARGE[1]:,} within {FLAT_FACTOR:g}x of "
+                       f"{FLAT_SMALL[0]} x {FLAT_SMALL[1]:,}", paired=FLAT_PAIR),
         ]
 
     def plot_series(self, rows):

@@ -26,14 +26,14 @@ GPU goal this machine can check without one.
 
 from __future__ import annotations
 
-from tokcy.bench.scenario import Goal, Row, Scenario
+from tokcy.bench.scenario import Goal, Row, Scenario, pair_key
 from tokcy.bench.timing import StepBeside, measure
 
 BLOCK_SIZE = 16
 GOAL_BATCH = 256
 GPU_HOST_LIMIT_S = 30e-6
 TOKENS_FACTOR = 1.5
-PAIR = "tokcy tokens / prepare_inputs"  # the goal's paired rounds, as Row.paired_ratio names them
+PAIR = pair_key("tokcy tokens", "prepare_inputs")  # the goal's paired rounds
 CONFIGS = {
     "smoke": ((16, 64),),
     "quick": ((GOAL_BATCH, 2_048),),

@@ -53,7 +53,7 @@ class Rounds(Beside):
     ``per_round`` samples, right after one of tokcy's rounds."""
 
     def __init__(self, run, plan, reps: int):
-        super().__init__(plan.per_round, reps)
+        super().__init__(plan.per_round, reps, 1)  # its first round's first call warms it
         self._run = run  # run(reps, samples) -> (seconds per call per sample, checksum)
 
     def _samples(self) -> list:

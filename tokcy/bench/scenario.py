@@ -40,8 +40,9 @@ class Row:
 
     def paired_ratio(self, name: str, other: str):
         """name / other: the median of the per-round ratios where other's rounds ran beside
-        name's (``paired_rounds``), else the ratio of the two medians (None without both)."""
-        return self._ratio(self.paired_rounds.get(f"{name} / {other}"), name, other)
+        name's (``paired_rounds[pair_key(name, other)]``), else the ratio of the two
+        medians (None without both)."""
+        return self._ratio(self.paired_rounds.get(pair_key(name, other)), name, other)
 
     def _ratio(self, paired, name: str, other: str):
         if paired:
@@ -66,6 +67,11 @@ class Row:
             "reference": self.reference,
             "note": self.note,
         }
+
+
+def pair_key(name: str, other: str) -> str:
+    """The key of name's rounds over other's in ``Row.paired_rounds``."""
+    return f"{name} / {other}"
 
 
 def is_baseline(name: str) -> bool:

@@ -6,7 +6,14 @@ figure is the median of the round medians. An *iteration* is one call of the mea
 step (one engine iteration: one ``prepare_inputs``, one scheduler output) or, for steps
 far shorter than the clock's resolution, ``number`` back-to-back calls divided by
 ``number`` (calibrated, as ``timeit`` does). An optional ``before`` callable runs,
-untimed, before every iteration (to append the iteration's new tokens, for instance).
+untimed, before every iteration, so once per ``number`` calls: a step that must follow
+its own ``before`` (a report of the decode step's new tokens) is measured with
+``number=1``.
+
+``after_round`` times a second figure beside the first (``Beside``): one of its rounds
+right after each of the measured step's, so that a ratio of the two can be taken per
+round, of figures timed seconds apart (the floor, and the goals that compare two of
+tokcy's own figures).
 
 A plan may carry a time budget: when one iteration is slow (a "before" pattern at 131,072
 tokens), the rounds shrink so that one measurement stays within the budget, never below
@@ -110,9 +117,10 @@ class Beside:
     of figures timed at different moments would carry that change. ``ratios`` pairs the
     rounds; a subclass says how one round is timed (``_samples``)."""
 
-    def __init__(self, per_round: int, number: int):
+    def __init__(self, per_round: int, number: int, warmup: int):
         self.per_round = max(1, per_round)
         self.number = number
+        self.warmup = warmup  # calls before the first round, untimed (recorded in timing())
         self.round_medians: list = []
 
     def _samples(self) -> list:
@@ -124,7 +132,7 @@ class Beside:
     def timing(self) -> Timing:
         medians = self.round_medians
         return Timing(median=statistics.median(medians), round_medians=list(medians), rounds=len(medians),
-                      per_round=self.per_round, warmup=1, number=self.number)
+                      per_round=self.per_round, warmup=self.warmup, number=self.number)
 
     def ratios(self, timing: Timing) -> list:
         """Per round: ``timing``'s round median over this figure's round run right after it."""
@@ -132,20 +140,23 @@ class Beside:
 
 
 class StepBeside(Beside):
-    """A Python step timed beside another (see ``Beside``), one call per sample."""
+    """A Python step timed beside another (see ``Beside``), one call per sample, each
+    after its ``before``; ``plan.warmup`` calls before the first round."""
 
     def __init__(self, step, plan: Plan, *, before=None):
-        super().__init__(plan.per_round, 1)
+        super().__init__(plan.per_round, 1, plan.warmup)
         self._step = step
         self._before = before
 
     def _samples(self) -> list:
+        if not self.round_medians:
+            time_round(self._step, self.warmup, self._before)  # the warm-up, not kept
         return time_round(self._step, self.per_round, self._before)
 
 
 def measure(step, plan: Plan, *, before=None, number: int | None = None, after_round=None) -> Timing:
     """Time ``step()`` with ``plan``; see the module docstring. ``after_round``: called,
-    untimed, after each timed round (the floor times its round there, so that each of
+    untimed, after each timed round (a ``Beside`` times its round there, so that each of
     its rounds runs beside one of this step's)."""
     clock = time.perf_counter
     repeat = itertools.repeat
