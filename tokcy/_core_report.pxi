@@ -60,7 +60,6 @@
 
 from cpython.list cimport PyList_GET_ITEM
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
-from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc, realloc
 
 from tokcy import _report_checks
@@ -168,7 +167,6 @@ cdef class ReportState:
         slot.num_pauses = 0
         slot.matched = 0
         slot.num_groups = NEVER_REPORTED
-        slot.live = True
         slot.reported = False
         self.index[self._probe(request_id)] = number
         self.num_live += 1
@@ -196,8 +194,7 @@ cdef class ReportState:
             self.index[hole] = moved
             self.index[position] = NO_ENTRY
             hole = position
-        free_blocks(&self.slots[number])
-        self.slots[number].live = False
+        free_blocks(&self.slots[number])  # no longer is_live()
         self.slots[number].reported = False  # so reported implies live (the fast plan reads one)
         self.slots[number].blocks.next_free = self.free_head
         self.free_head = number
@@ -264,7 +261,7 @@ cdef class ReportState:
             if slot.group_capacity > INLINE_GROUPS:
                 counts = <Py_ssize_t*>realloc(slot.blocks.heap, num_groups * sizeof(Py_ssize_t))
             else:  # the counts move out of the slot (a live slot's: it holds INLINE_GROUPS)
-                debug_assert(slot.group_capacity == INLINE_GROUPS and slot.live)
+                debug_assert(slot.group_capacity == INLINE_GROUPS)  # (a live slot's)
                 counts = <Py_ssize_t*>malloc(num_groups * sizeof(Py_ssize_t))
                 if counts != NULL:
                     memcpy(counts, slot.blocks.counts, INLINE_GROUPS * sizeof(Py_ssize_t))
@@ -338,7 +335,7 @@ cdef class ReportState:
         """The request's slot: its hint if valid, else the table's (a fresh one, undone if the
         call fails, for an id not seen yet); the hint is updated."""
         cdef Py_ssize_t number = request._report_slot
-        if 0 <= number < self.num_slots_used and self.slots[number].live and \
+        if 0 <= number < self.num_slots_used and is_live(&self.slots[number]) and \
                 self.slots[number].request_id == request._request_id:
             return number
         number = self._find(request._request_id)
@@ -630,4 +627,5 @@ cdef class ReportState:
 
     def tracked_request_ids(self):
         cdef Py_ssize_t number
-        return sorted([self.slots[number].request_id for number in range(self.num_slots_used) if self.slots[number].live])
+        return sorted([self.slots[number].request_id for number in range(self.num_slots_used)
+                       if is_live(&self.slots[number])])

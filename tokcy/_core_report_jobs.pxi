@@ -42,8 +42,7 @@ cdef struct ReportSlot:
     Py_ssize_t matched         # connector-supplied tokens to subtract on the next report
     SlotBlocks blocks          # blocks reported so far, per group (blocks_of())
     int16_t num_groups         # layer groups at the first report (at most 1,024, a Request's); NEVER_REPORTED before
-    int16_t group_capacity     # groups blocks_of() has room for; 0 while the slot is free
-    bint8 live
+    int16_t group_capacity     # groups blocks_of() has room for; 0 exactly while the slot is free (is_live())
     bint8 reported             # False: the next report is a new request (never reported, or reset)
 
 
@@ -113,6 +112,11 @@ cdef Py_ssize_t NOGIL_MIN_ENTRIES = 1 << 16
 cdef inline void* line_aligned(void* block) noexcept nogil:
     """The first CACHE_LINE boundary in a block malloc'd CACHE_LINE - 1 bytes larger."""
     return <void*>((<uintptr_t>block + CACHE_LINE - 1) & ~<uintptr_t>(CACHE_LINE - 1))
+
+
+cdef inline bint is_live(const ReportSlot* slot) noexcept nogil:
+    """The slot holds a tracked request (a free one has no room for block counts)."""
+    return slot.group_capacity != 0
 
 
 cdef inline Py_ssize_t* blocks_of(ReportSlot* slot) noexcept nogil:

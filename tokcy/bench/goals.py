@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import statistics
-
 from tokcy.bench.report import format_ratio, format_seconds
-from tokcy.bench.scenario import Goal
+from tokcy.bench.scenario import Goal, median_or_ratio
 
 
 def within_floor(rows: list, key: str, sizes: tuple, factor: float = 3.0) -> list:
@@ -62,6 +60,5 @@ def flat(rows: list, small, large, factor: float, text: str, name: str = "tokcy"
     high = [row for row in rows if large(row.config)]
     if not (low and high and low[0] and high[0].values.get(name)):
         return Goal(text, "not run", None)
-    rounds = high[0].paired_rounds.get(paired) if paired else None
-    ratio = statistics.median(rounds) if rounds else high[0].values[name] / low[0]
+    ratio = median_or_ratio(high[0].paired_rounds.get(paired), high[0].values[name], low[0])
     return Goal(text, f"{ratio:.2f}x", ratio <= factor)

@@ -36,19 +36,14 @@ class Row:
         """name / floor: how many times the plain-C floor tokcy takes (None without a floor):
         the median of the per-round ratios where the floor's rounds ran beside name's, else
         the ratio of the two medians."""
-        return self._ratio(self.floor_rounds.get(name), name, "floor")
+        return median_or_ratio(self.floor_rounds.get(name), self.values.get(name), self.values.get("floor"))
 
     def paired_ratio(self, name: str, other: str):
         """name / other: the median of the per-round ratios where other's rounds ran beside
         name's (``paired_rounds[pair_key(name, other)]``), else the ratio of the two
         medians (None without both)."""
-        return self._ratio(self.paired_rounds.get(pair_key(name, other)), name, other)
-
-    def _ratio(self, paired, name: str, other: str):
-        if paired:
-            return statistics.median(paired)
-        mine, theirs = self.values.get(name), self.values.get(other)
-        return mine / theirs if mine and theirs else None
+        return median_or_ratio(self.paired_rounds.get(pair_key(name, other)), self.values.get(name),
+                               self.values.get(other))
 
     def spread(self, name: str):
         """(lowest, highest) round median of a timed implementation, or None."""
@@ -67,6 +62,14 @@ class Row:
             "reference": self.reference,
             "note": self.note,
         }
+
+
+def median_or_ratio(paired_ratios, mine, theirs):
+    """The median of per-round ratios when there are any, else mine / theirs (None
+    without both)."""
+    if paired_ratios:
+        return statistics.median(paired_ratios)
+    return mine / theirs if mine and theirs else None
 
 
 def pair_key(name: str, other: str) -> str:
