@@ -202,6 +202,45 @@ def test_a_step_timed_beside_another_pairs_their_rounds(backend):
     assert (beside.timing().rounds, beside.timing().per_round, beside.timing().warmup) == (4, 3, 1)
 
 
+def test_a_plan_with_round_s_lengthens_only_the_rounds_of_cheap_steps(backend, monkeypatch):
+    """Plan.round_s on a virtual clock (each call of a step moves it by the step's cost,
+    powers of two so that every figure is exact): rounds of about round_s = 2^-10 s. A
+    step of 2^-16 s, calibrated to samples of 2 calls, gets 2^-10 / 2^-15 = 32 samples a
+    round; at most max_per_round (a step of 2^-20 s, one call a sample: 1,024 wanted, 200
+    kept), within the budget (2^-11 s over 4 rounds of 2^-16 s: 8), never fewer than
+    per_round (a step of 2^-8 s keeps 5); a step timed beside another sizes its own rounds
+    from its warm-up; no round_s, no change."""
+    from tokcy.bench import timing
+    from tokcy.bench.timing import Plan, StepBeside, measure
+
+    class VirtualClock:
+        now = 0.0
+
+        def perf_counter(self):
+            return self.now
+
+    clock = VirtualClock()
+    monkeypatch.setattr(timing, "time", clock)
+
+    def costing(seconds):
+        def step():
+            clock.now += seconds
+        return step
+
+    plan = Plan(warmup=3, rounds=4, per_round=5, round_s=2.0 ** -10, min_sample_s=2.0 ** -15)
+    calibrated = measure(costing(2.0 ** -16), plan)
+    assert (calibrated.number, calibrated.per_round, calibrated.median) == (2, 32, 2.0 ** -16)
+    assert measure(costing(2.0 ** -20), plan, number=1).per_round == 200
+    assert measure(costing(2.0 ** -16), Plan(warmup=3, rounds=4, per_round=5, round_s=2.0 ** -10, budget_s=2.0 ** -11),
+                   number=1).per_round == 8
+    assert measure(costing(2.0 ** -8), plan, number=1).per_round == 5
+    beside = StepBeside(costing(2.0 ** -14), plan)
+    measure(costing(2.0 ** -8), plan, number=1, after_round=beside)
+    assert (beside.timing().per_round, beside.timing().rounds, beside.timing().median) == (16, 4, 2.0 ** -14)
+    assert measure(costing(2.0 ** -20), Plan(warmup=3, rounds=4, per_round=5), number=1).per_round == 5
+    assert Plan().stretch(1e-9) == Plan()
+
+
 def test_connector_goals_read_paired_rounds_when_a_row_has_them(backend):
     """'flat in tokens' (8 x 131,072 over 8 x 2,048, at most 1.2x) and 'RequestData within
     3x of the columns' from rows written by hand: the medians' ratio when a row has no
@@ -288,3 +327,51 @@ def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(
     # every report timed is of a decode step of its own (these take microseconds: never
     # several back-to-back reports after one step, all but the first with nothing new)
     assert len(worlds) == 4 + 2 and all(world.timed_reports == world.steps > 0 for world in worlds)
+
+
+def test_the_executor_s_flat_goal_pairs_a_short_batch_beside_the_long_one(backend, monkeypatch):
+    """run_row at the flat goal's long L (0 drafts; sizes shrunk here) times tokcy on a
+    batch of the short L beside tokcy's own rounds: the virtual clock moves 1 us per call
+    on the long batch and 4 us on the short one, so every paired ratio is exactly 1/4; the
+    goal reads their median (0.25x: PASS) where the medians alone would say 2.00x (FAIL);
+    a row of another L pairs nothing; without the short row the goal is not run."""
+    from tokcy.bench import executor, timing
+    from tokcy.bench.timing import Plan
+
+    class VirtualClock:
+        now = 0.0
+
+        def perf_counter(self):
+            return self.now
+
+    clock = VirtualClock()
+    monkeypatch.setattr(timing, "time", clock)
+    real = executor.implementations
+
+    def costed(backend, seq_len, *args, **kwargs):
+        steps = real(backend, seq_len, *args, **kwargs)
+        tokcy = steps["tokcy"]
+
+        def step():
+            clock.now += 1e-6 if seq_len == 96 else 4e-6
+            return tokcy()
+        return dict(steps, tokcy=step)
+
+    monkeypatch.setattr(executor, "implementations", costed)
+    monkeypatch.setattr(executor, "FLAT_LONG", 96)
+    monkeypatch.setattr(executor, "FLAT_SHORT", 32)
+    plan = Plan(warmup=2, rounds=3, per_round=2, min_sample_s=1e-6)
+    row = executor.run_row({"seq_len": 96, "drafts": 0}, backend, plan, (), 4, 96, 0, 7)
+    assert row.paired_rounds == {executor.FLAT_PAIR: pytest.approx([0.25] * 3)}
+    assert executor.run_row({"seq_len": 32, "drafts": 0}, backend, plan, (), 4, 32, 0, 7).paired_rounds == {}
+
+    def flat_verdict(rows):
+        (goal,) = [goal for goal in executor.SCENARIO.goals(rows, "cython") if goal.text.startswith("tokcy flat")]
+        return goal.passed, goal.measured
+
+    short = Row(config={"seq_len": 32, "drafts": 0}, values={"tokcy": 1.0e-6, "after": 1e-3})
+    long = Row(config={"seq_len": 96, "drafts": 0}, values={"tokcy": 2.0e-6, "after": 1e-3})
+    assert flat_verdict([short, long]) == (False, "2.00x")
+    long.paired_rounds = row.paired_rounds
+    assert flat_verdict([short, long]) == (True, "0.25x")
+    assert flat_verdict([long]) == (None, "not run")

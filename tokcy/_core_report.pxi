@@ -343,7 +343,7 @@ cdef class ReportState:
             number = self._insert(request._request_id)
             self.fresh[num_fresh[0]] = number
             num_fresh[0] += 1
-        request._report_slot = number
+        request._report_slot = <int32_t>number if number <= INT32_MAX else -1  # a hint: none is safe
         return number
 
     cdef inline int _plan_row(self, Request request, Py_ssize_t kind, Py_ssize_t number, int64_t stamp,

@@ -2,6 +2,8 @@
 # readable reference: every argument is validated before anything changes; error messages
 # come from tokcy._tokens so both backends say the same. BlockTable: _core_block_table.pxi.
 
+from libc.stdint cimport INT16_MAX, int16_t
+
 from tokcy import _invariants
 
 cdef int32_t NO_SLOT = -1
@@ -21,19 +23,25 @@ cdef class Request:
 One request: per-beam int32 token buffers (prompt, then generated tokens), the
     chunked-prefill cursor, draft tokens and one ``BlockTable`` per layer group."""
 
-    # The fields the hot loops read come first, together: a batch touches one or two cache
-    # lines per request (C keeps the declaration order); the connector's fields end at
-    # _table0, so its row reads one line or two, and never the tables tuple for one group.
+    # The fields the hot loops read come first, together (C keeps the declaration order):
+    # everything the connector's row reads, the type included, lies in bytes 8 to 63, and
+    # the executor's decode row adds _beam_width and _prompt_len on the next line. The
+    # class has no C methods (so no vtable pointer at byte 16: the helpers below the class
+    # are functions), and with the pad the object is 176 bytes, 192 with the collector's
+    # header: CPython's small-object allocator then starts every Request on a 64-byte line
+    # (as Int32Buffer's note says), so the connector reads one line per request where it
+    # read two. Only speed depends on this.
     cdef int64_t _request_id
-    cdef int _state_code             # int(_state), readable without the GIL
-    cdef int _num_groups             # len(_block_tables)
     cdef Int32Buffer _beam0          # _beams[0], for the hot loops
-    cdef Int32Buffer _draft_tokens   # NO_DRAFTS (shared, never mutated) when there are none
-    # the connector's report slot for this request, a hint only: a ReportState uses it when
-    # its slot of that number is live and holds this request id (else it probes its table)
-    cdef Py_ssize_t _report_slot
-    cdef Py_ssize_t _num_pauses      # bumped by pause(): the connector then reports anew
     cdef BlockTable _table0          # _block_tables[0] (None before __init__)
+    cdef Int32Buffer _draft_tokens   # NO_DRAFTS (shared, never mutated) when there are none
+    cdef Py_ssize_t _num_pauses      # bumped by pause(): the connector then reports anew
+    # the connector's report slot for this request, a hint only: a ReportState uses it when
+    # its slot of that number is live and holds this request id (else it probes its table);
+    # -1 for none (a slot number past int32 is never kept)
+    cdef int32_t _report_slot
+    cdef int16_t _state_code         # int(_state), readable without the GIL
+    cdef int16_t _num_groups         # len(_block_tables): at most MAX_LAYER_GROUPS (1,024)
     cdef Py_ssize_t _beam_width
     cdef Py_ssize_t _prompt_len
     cdef int64_t _seq_slot           # NO_SLOT for None
@@ -44,6 +52,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     cdef Py_ssize_t _orig_prompt_len
     cdef int64_t _max_new_tokens     # NO_LIMIT for None
     cdef object _state               # RequestState member
+    cdef Py_ssize_t _layout_pad[4]
 
     def __cinit__(self, *args, **kwargs):
         # One empty beam until __init__ runs, so that even an object whose __init__ was
@@ -56,7 +65,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._seq_slot = NO_SLOT
         self._max_new_tokens = NO_LIMIT
         self._draft_tokens = NO_DRAFTS
-        self._set_block_tables(())
+        set_block_tables(self, ())
         self._report_slot = -1
 
     @cython.embedsignature(False)  # the class docstring carries the signature for inspect/help
@@ -82,14 +91,8 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._state_code = 0
         self._seq_slot = NO_SLOT
         self._draft_tokens = NO_DRAFTS
-        self._set_block_tables(tuple(BlockTable() for _ in range(num_layer_groups)))
+        set_block_tables(self, tuple(BlockTable() for _ in range(num_layer_groups)))
         self._num_pauses = 0
-
-    cdef inline void _set_block_tables(self, tuple tables):
-        # the hot loops read group 0 and the count from the request itself
-        self._block_tables = tables
-        self._num_groups = len(tables)
-        self._table0 = tables[0] if tables else None
 
     # ----------------------------------------------------------------- pickling, repr
     def _state_dict(self):
@@ -134,7 +137,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._context_position = state["context_current_position"]
         self._chunk_size = state["context_chunk_size"]
         self._draft_tokens = Int32Buffer(state["draft_tokens"]) if len(state["draft_tokens"]) else NO_DRAFTS
-        self._set_block_tables(tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"]))
+        set_block_tables(self, tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"]))
         self._num_pauses = state["num_pauses"]
         if state["dict"]:
             self.__dict__.update(state["dict"])
@@ -210,20 +213,16 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         return self._block_tables
 
     # ------------------------------------------------------------------ token buffer
-    cdef inline Int32Buffer _beam(self, Py_ssize_t beam):
-        check_beam(beam, self._beam_width)
-        return <Int32Buffer>self._beams[beam]
-
     def get_num_tokens(self, Py_ssize_t beam):
         """Tokens in ``beam``: O(1)."""
-        return self._beam(beam).size
+        return beam_of(self, beam).size
 
     def get_tokens(self, beam=None):
         """A new list of the beam's tokens (all beams for no argument): O(n), compatibility only."""
         cdef Int32Buffer buffer
         if beam is None:
             return [buffer.tolist(0, buffer.size) for buffer in self._beams]
-        buffer = self._beam(beam)
+        buffer = beam_of(self, beam)
         return buffer.tolist(0, buffer.size)
 
     def get_tokens_range(self, Py_ssize_t beam, begin, end):
@@ -232,7 +231,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         Not Python slicing: a negative ``begin`` counts as 0 and ``begin >= end`` gives [].
         """
         cdef Py_ssize_t first = clamped_index(begin), stop = clamped_index(end)
-        cdef Int32Buffer buffer = self._beam(beam)
+        cdef Int32Buffer buffer = beam_of(self, beam)
         first = buffer.clamp_begin(first)
         return buffer.tolist(first, buffer.clamp_end(first, stop))
 
@@ -243,14 +242,14 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         shows go to fresh storage instead.
         """
         cdef Py_ssize_t first = clamped_index(begin)
-        cdef Int32Buffer buffer = self._beam(beam)
+        cdef Int32Buffer buffer = beam_of(self, beam)
         cdef Py_ssize_t stop = buffer.size if end is None else clamped_index(end)
         first = buffer.clamp_begin(first)
         return buffer.view(first, buffer.clamp_end(first, stop))
 
     def get_token(self, Py_ssize_t beam, Py_ssize_t pos):
         """One token; IndexError outside ``[0, n)``."""
-        cdef Int32Buffer buffer = self._beam(beam)
+        cdef Int32Buffer buffer = beam_of(self, beam)
         if pos < 0 or pos >= buffer.size:
             raise IndexError(f"token position {pos} is out of range for {buffer.size} tokens")
         return buffer.data[pos]
@@ -259,32 +258,18 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         """The last token of ``beam``, or a list of every beam's last token: O(1) / O(beams)."""
         cdef Py_ssize_t index
         if beam is None:
-            return [self._last(index) for index in range(self._beam_width)]
-        return self._last(beam)
-
-    cdef int32_t _last(self, Py_ssize_t beam) except? -1:
-        cdef Int32Buffer buffer = self._beam(beam)
-        if buffer.size == 0:
-            raise IndexError(f"beam {beam} has no tokens")
-        return buffer.data[buffer.size - 1]
-
-    cdef Py_ssize_t max_num_tokens(self) noexcept:
-        cdef Py_ssize_t longest = 0
-        cdef Int32Buffer buffer
-        for buffer in self._beams:
-            if buffer.size > longest:
-                longest = buffer.size
-        return longest
+            return [last_token(self, index) for index in range(self._beam_width)]
+        return last_token(self, beam)
 
     @property
     def max_beam_num_tokens(self):
         """Tokens in the longest beam."""
-        return self.max_num_tokens()
+        return longest_beam(self)
 
     @property
     def max_num_generated_tokens(self):
         """Tokens in the longest beam minus the prompt."""
-        return self.max_num_tokens() - self._prompt_len
+        return longest_beam(self) - self._prompt_len
 
     @property
     def reached_max_new_tokens(self):
@@ -293,12 +278,12 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         tokcy never refuses a token because of the budget: the engine checks this (O(beams))
         after sampling and finishes the request.
         """
-        return self._max_new_tokens != NO_LIMIT and self.max_num_tokens() - self._prompt_len >= self._max_new_tokens
+        return self._max_new_tokens != NO_LIMIT and longest_beam(self) - self._prompt_len >= self._max_new_tokens
 
     def add_new_token(self, token, Py_ssize_t beam=0):
         """Append one token to ``beam``; returns the beam's new length. Amortised O(1)."""
         cdef int32_t value = token_arg(token, "token")
-        cdef Int32Buffer buffer = self._beam(beam)
+        cdef Int32Buffer buffer = beam_of(self, beam)
         buffer.append(value)
         return buffer.size
 
@@ -310,7 +295,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         cdef Py_ssize_t beam
         cdef int32_t single
         cdef Int32Buffer buffer
-        tokens = self._per_beam(per_beam)
+        tokens = checked_per_beam(self, per_beam)
         if self._beam_width == 1:
             single = token_arg(tokens[0], "per_beam[0]")
             self._beam0.append(single)
@@ -326,20 +311,13 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         cdef Int32Buffer buffer
         cdef Py_ssize_t beam
         arrays = [
-            _tokens.as_int32_array(tokens, f"per_beam[{beam}]") for beam, tokens in enumerate(self._per_beam(per_beam))
+            _tokens.as_int32_array(tokens, f"per_beam[{beam}]") for beam, tokens in
+            enumerate(checked_per_beam(self, per_beam))
         ]
         for beam in range(self._beam_width):
             buffer = <Int32Buffer>self._beams[beam]
             buffer.truncate(self._prompt_len)
             buffer.extend_array(arrays[beam])
-
-    cdef object _per_beam(self, object per_beam):
-        if isinstance(per_beam, (str, bytes)) or not hasattr(per_beam, "__len__"):
-            raise TypeError(f"per_beam must be a sequence with one entry per beam, not {type(per_beam).__name__}")
-        per_beam = tuple(per_beam)  # owned: element conversion below may run caller code
-        if len(per_beam) != self._beam_width:
-            raise ValueError(f"per_beam has {len(per_beam)} entries but beam_width is {self._beam_width}")
-        return per_beam
 
     def truncate(self, Py_ssize_t num_tokens, beam=None):
         """Drop the tail so the beam (every beam for None) keeps ``num_tokens``: O(1).
@@ -347,7 +325,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         Used to drop rejected draft tokens or to rewind; never below the prompt.
         """
         cdef Int32Buffer buffer
-        buffers = self._beams if beam is None else [self._beam(beam)]
+        buffers = self._beams if beam is None else [beam_of(self, beam)]
         if num_tokens < self._prompt_len:
             raise ValueError(f"num_tokens {num_tokens} is below prompt_len {self._prompt_len}")
         for buffer in buffers:
@@ -461,3 +439,47 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._num_pauses += 1
         return held
 
+
+# Request's helpers, functions rather than C methods so that the class has no vtable
+# pointer (its layout note says why)
+
+cdef inline void set_block_tables(Request request, tuple tables):
+    # the hot loops read group 0 and the count from the request itself; every caller
+    # passes at most _invariants.MAX_LAYER_GROUPS (1,024) tables, checked, so the count
+    # fits _num_groups
+    debug_assert(len(tables) <= INT16_MAX)
+    request._block_tables = tables
+    request._num_groups = <int16_t>len(tables)
+    request._table0 = tables[0] if tables else None
+
+
+cdef inline Int32Buffer beam_of(Request request, Py_ssize_t beam):
+    check_beam(beam, request._beam_width)
+    return <Int32Buffer>request._beams[beam]
+
+
+cdef int32_t last_token(Request request, Py_ssize_t beam) except? -1:
+    cdef Int32Buffer buffer = beam_of(request, beam)
+    if buffer.size == 0:
+        raise IndexError(f"beam {beam} has no tokens")
+    return buffer.data[buffer.size - 1]
+
+
+cdef Py_ssize_t longest_beam(Request request) noexcept:
+    """Tokens in the request's longest beam."""
+    cdef Py_ssize_t longest = 0
+    cdef Int32Buffer buffer
+    for buffer in request._beams:
+        if buffer.size > longest:
+            longest = buffer.size
+    return longest
+
+
+cdef object checked_per_beam(Request request, object per_beam):
+    """``per_beam`` as a tuple of one entry per beam, or the error."""
+    if isinstance(per_beam, (str, bytes)) or not hasattr(per_beam, "__len__"):
+        raise TypeError(f"per_beam must be a sequence with one entry per beam, not {type(per_beam).__name__}")
+    per_beam = tuple(per_beam)  # owned: element conversion below may run caller code
+    if len(per_beam) != request._beam_width:
+        raise ValueError(f"per_beam has {len(per_beam)} entries but beam_width is {request._beam_width}")
+    return per_beam

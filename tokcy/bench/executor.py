@@ -12,6 +12,8 @@ batch. Implementations (``tokcy._baselines.executor``):
 * ``floor``: the same rows as plain C over C arrays, timed in C (``tokcy.bench.floor``).
 
 Every baseline's arrays are checked equal to tokcy's once per configuration, before timing.
+The goal "flat in L" reads rounds timed side by side (``timing.Beside``): the row of L =
+131,072 (0 drafts) times tokcy on a batch of L = 2,048 beside its own.
 ``tokcy.bench.executor_batch`` sweeps the batch size instead of L.
 """
 
@@ -20,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from tokcy.bench import floor, goals
-from tokcy.bench.scenario import Row, Scenario
-from tokcy.bench.timing import Timing, measure
+from tokcy.bench.scenario import Row, Scenario, pair_key
+from tokcy.bench.timing import StepBeside, Timing, measure
 
 CONFIGS = {
     "smoke": ((256, 0, 64, 7), (256, 3, 64, 7)),
@@ -29,6 +31,9 @@ CONFIGS = {
     "default": tuple((L, d, 8_192, 255) for d in (0, 3) for L in (2_048, 32_768, 131_072)),
     "full": tuple((L, d, 8_192, 255) for d in (0, 3) for L in (2_048, 8_192, 32_768, 131_072)),
 }
+# the goal "flat in L": tokcy at L = FLAT_LONG within FLAT_FACTOR of tokcy at L = FLAT_SHORT (0 drafts)
+FLAT_SHORT, FLAT_LONG, FLAT_FACTOR = 2_048, 131_072, 1.2
+FLAT_PAIR = pair_key("tokcy", f"tokcy at L = {FLAT_SHORT:,}")  # its paired rounds, in FLAT_LONG's row
 
 
 def check_same(name, produced, expected):
@@ -70,8 +75,16 @@ def run_row(config, backend, plan, names, num_generation, seq_len, num_drafts, c
     """Time tokcy, the ``names`` baselines and the floor on one batch."""
     steps = implementations(backend, seq_len, num_drafts, chunk, num_generation, names)
     floor_rounds = floor.prepare_rounds(num_generation, seq_len, num_drafts, chunk, plan)
+    # tokcy's rounds each followed by one of the floor's and, at the flat goal's long row,
+    # one of tokcy on a batch of the goal's short L
+    short = None
+    if (seq_len, num_drafts) == (FLAT_LONG, 0):
+        short = StepBeside(implementations(backend, FLAT_SHORT, 0, chunk, num_generation, ())["tokcy"], plan,
+                           number=None)
+    beside = [rounds for rounds in (floor_rounds, short) if rounds is not None]
     timings: dict[str, Timing | None] = {
-        name: measure(step, plan, after_round=floor_rounds if name == "tokcy" else None)
+        name: measure(step, plan, after_round=(lambda: [each() for each in beside]) if name == "tokcy" and beside
+                      else None)
         for name, step in steps.items()}
     timings["floor"] = floor_rounds.timing() if floor_rounds else None
     return Row(
@@ -79,6 +92,7 @@ def run_row(config, backend, plan, names, num_generation, seq_len, num_drafts, c
         values={name: (t.median if t else None) for name, t in timings.items()},
         timings={name: t.as_dict() for name, t in timings.items() if t},
         floor_rounds={"tokcy": floor_rounds.ratios(timings["tokcy"])} if floor_rounds else {},
+        paired_rounds={FLAT_PAIR: short.ratios(timings["tokcy"])} if short else {},
     )
 
 
@@ -115,13 +129,13 @@ class Executor(Scenario):
     def goals(self, rows, backend):
         if backend == "python":
             return [goals.twin_not_slower(rows)]
-        lengths = [row.config["seq_len"] for row in rows if row.config["drafts"] == 0]
         return [
             goals.speedup_at_least(rows, "after", 10),
             goals.speedup_at_least(rows, "numpy", 3),
-            goals.flat(rows, lambda c: c["drafts"] == 0 and c["seq_len"] == min(lengths, default=0),
-                       lambda c: c["drafts"] == 0 and c["seq_len"] == max(lengths, default=0), 1.2,
-                       "tokcy flat in L: the longest L within 1.2x of the shortest (0 drafts)"),
+            goals.flat(rows, lambda c: (c["seq_len"], c["drafts"]) == (FLAT_SHORT, 0),
+                       lambda c: (c["seq_len"], c["drafts"]) == (FLAT_LONG, 0), FLAT_FACTOR,
+                       f"tokcy flat in L: L = {FLAT_LONG:,} within {FLAT_FACTOR:g}x of L = {FLAT_SHORT:,} (0 drafts)",
+                       paired=FLAT_PAIR),
         ]
 
     def plot_series(self, rows):
