@@ -20,6 +20,24 @@ def run_cli(capsys, *argv):
     return code, captured.out, captured.err
 
 
+class VirtualClock:
+    """The bench's clock (``timing.time.perf_counter``) that only the test moves."""
+
+    now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    from tokcy.bench import timing
+
+    virtual = VirtualClock()
+    monkeypatch.setattr(timing, "time", virtual)
+    return virtual
+
+
 def runnable_scenarios():
     return [s.name for s in map(cli.load_scenario, cli.SCENARIOS) if not isinstance(s, str)]
 
@@ -202,25 +220,15 @@ def test_a_step_timed_beside_another_pairs_their_rounds(backend):
     assert (beside.timing().rounds, beside.timing().per_round, beside.timing().warmup) == (4, 3, 1)
 
 
-def test_a_plan_with_round_s_lengthens_only_the_rounds_of_cheap_steps(backend, monkeypatch):
+def test_a_plan_with_round_s_lengthens_only_the_rounds_of_cheap_steps(backend, clock):
     """Plan.round_s on a virtual clock (each call of a step moves it by the step's cost,
     powers of two so that every figure is exact): rounds of about round_s = 2^-10 s. A
     step of 2^-16 s, calibrated to samples of 2 calls, gets 2^-10 / 2^-15 = 32 samples a
     round; at most max_per_round (a step of 2^-20 s, one call a sample: 1,024 wanted, 200
     kept), within the budget (2^-11 s over 4 rounds of 2^-16 s: 8), never fewer than
     per_round (a step of 2^-8 s keeps 5); a step timed beside another sizes its own rounds
-    from its warm-up; no round_s, no change."""
-    from tokcy.bench import timing
+    from its warm-up, in samples of its calibrated calls too; no round_s, no change."""
     from tokcy.bench.timing import Plan, StepBeside, measure
-
-    class VirtualClock:
-        now = 0.0
-
-        def perf_counter(self):
-            return self.now
-
-    clock = VirtualClock()
-    monkeypatch.setattr(timing, "time", clock)
 
     def costing(seconds):
         def step():
@@ -237,6 +245,9 @@ def test_a_plan_with_round_s_lengthens_only_the_rounds_of_cheap_steps(backend, m
     beside = StepBeside(costing(2.0 ** -14), plan)
     measure(costing(2.0 ** -8), plan, number=1, after_round=beside)
     assert (beside.timing().per_round, beside.timing().rounds, beside.timing().median) == (16, 4, 2.0 ** -14)
+    calibrated_beside = StepBeside(costing(2.0 ** -16), plan, number=None)  # calibrated as measure() does
+    measure(costing(2.0 ** -8), plan, number=1, after_round=calibrated_beside)
+    assert (calibrated_beside.timing().number, calibrated_beside.timing().per_round) == (2, 32)
     assert measure(costing(2.0 ** -20), Plan(warmup=3, rounds=4, per_round=5), number=1).per_round == 5
     assert Plan().stretch(1e-9) == Plan()
 
@@ -273,24 +284,16 @@ def test_connector_goals_read_paired_rounds_when_a_row_has_them(backend):
         assert verdict(connector_batch.SCENARIO.goals(rows(paired), "cython"), "RequestData") == objects
 
 
-def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(backend, monkeypatch):
+def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(backend, clock, monkeypatch):
     """run_row times tokcy at the flat goal's small size beside tokcy at its large one, and
     tokcy beside tokcy+RequestData: one paired ratio per round of each (sizes shrunk here),
     the right way up; each timed report follows a decode step of its own. The bench's
     clock is a virtual one that only a report moves: 1 us for a tokcy report, 3 us for one
     of the small world, 5 us for one of the RequestData world (nothing here is timed;
     microseconds, so that a calibration of back-to-back calls would take place)."""
-    from tokcy.bench import connector, timing
+    from tokcy.bench import connector
     from tokcy.bench.timing import Plan
 
-    class VirtualClock:
-        now = 0.0
-
-        def perf_counter(self):
-            return self.now
-
-    clock = VirtualClock()
-    monkeypatch.setattr(timing, "time", clock)
     worlds = []
 
     class CountedWorld(connector.DecodeWorld):
@@ -329,23 +332,15 @@ def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(
     assert len(worlds) == 4 + 2 and all(world.timed_reports == world.steps > 0 for world in worlds)
 
 
-def test_the_executor_s_flat_goal_pairs_a_short_batch_beside_the_long_one(backend, monkeypatch):
+def test_the_executor_s_flat_goal_pairs_a_short_batch_beside_the_long_one(backend, clock, monkeypatch):
     """run_row at the flat goal's long L (0 drafts; sizes shrunk here) times tokcy on a
     batch of the short L beside tokcy's own rounds: the virtual clock moves 1 us per call
     on the long batch and 4 us on the short one, so every paired ratio is exactly 1/4; the
     goal reads their median (0.25x: PASS) where the medians alone would say 2.00x (FAIL);
     a row of another L pairs nothing; without the short row the goal is not run."""
-    from tokcy.bench import executor, timing
+    from tokcy.bench import executor
     from tokcy.bench.timing import Plan
 
-    class VirtualClock:
-        now = 0.0
-
-        def perf_counter(self):
-            return self.now
-
-    clock = VirtualClock()
-    monkeypatch.setattr(timing, "time", clock)
     real = executor.implementations
 
     def costed(backend, seq_len, *args, **kwargs):

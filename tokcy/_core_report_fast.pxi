@@ -101,10 +101,8 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
         # rows miss the caches and each row's reads chain (the request, then its slot and
         # buffers, then its tokens); without them each row waits for each in turn. Only
         # fields of objects of the exact types checked are read; a hint never faults.
-        if index + 2 * PREFETCH_ROWS < count:  # the type and the fields read, 8 to 80 bytes in
-            ahead = requests[index + 2 * PREFETCH_ROWS]
-            prefetch(<uintptr_t>ahead + 8)
-            prefetch(<uintptr_t>ahead + 79)
+        if index + 2 * PREFETCH_ROWS < count:  # the type and the fields read: one line (Request's layout)
+            prefetch(<uintptr_t>requests[index + 2 * PREFETCH_ROWS] + 8)
         if index + PREFETCH_ROWS < count:
             ahead = requests[index + PREFETCH_ROWS]
             if <void*>ahead.ob_type == <void*>Request:

@@ -24,8 +24,9 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     chunked-prefill cursor, draft tokens and one ``BlockTable`` per layer group."""
 
     # The fields the hot loops read come first, together (C keeps the declaration order):
-    # everything the connector's row reads, the type included, lies in bytes 8 to 63, and
-    # the executor's decode row adds _beam_width and _prompt_len on the next line. The
+    # everything the connector's row reads of a one-group request, the type included, lies
+    # in bytes 8 to 63 (more groups add the tables tuple); the executor's decode row adds
+    # _beam_width and _prompt_len on the next line, and its device rows _seq_slot. The
     # class has no C methods (so no vtable pointer at byte 16: the helpers below the class
     # are functions), and with the pad the object is 176 bytes, 192 with the collector's
     # header: CPython's small-object allocator then starts every Request on a 64-byte line
@@ -47,7 +48,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     cdef int64_t _seq_slot           # NO_SLOT for None
     cdef Py_ssize_t _context_position
     cdef Py_ssize_t _chunk_size
-    cdef tuple _block_tables         # set only by _set_block_tables (with _num_groups, _table0)
+    cdef tuple _block_tables         # set only by set_block_tables (with _num_groups, _table0)
     cdef list _beams                 # Int32Buffer per beam
     cdef Py_ssize_t _orig_prompt_len
     cdef int64_t _max_new_tokens     # NO_LIMIT for None
@@ -443,14 +444,16 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
 # Request's helpers, functions rather than C methods so that the class has no vtable
 # pointer (its layout note says why)
 
-cdef inline void set_block_tables(Request request, tuple tables):
+cdef inline int set_block_tables(Request request, tuple tables) except -1:
     # the hot loops read group 0 and the count from the request itself; every caller
-    # passes at most _invariants.MAX_LAYER_GROUPS (1,024) tables, checked, so the count
-    # fits _num_groups
-    debug_assert(len(tables) <= INT16_MAX)
+    # passes at most _invariants.MAX_LAYER_GROUPS (1,024) tables, checked, and this keeps
+    # a count that would not fit _num_groups from ever being narrowed
+    if len(tables) > INT16_MAX:
+        raise OverflowError(f"{len(tables)} layer groups do not fit a Request")
     request._block_tables = tables
     request._num_groups = <int16_t>len(tables)
     request._table0 = tables[0] if tables else None
+    return 0
 
 
 cdef inline Int32Buffer beam_of(Request request, Py_ssize_t beam):

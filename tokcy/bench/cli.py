@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="level", action="store_const", const="quick",
-                      help="fewer sizes, 3 rounds of at least 5 iterations (cheap steps' rounds about 2 ms): "
+                      help="fewer sizes, 3 rounds of 5 iterations (cheap steps' rounds about 2 ms, slow steps' fewer): "
                            "15-30 s (what CI runs)")
     size.add_argument("--full", dest="level", action="store_const", const="full",
                       help="more sizes, the full plan (10 warm-up, 9 rounds x 15) with no time cap: about 10 minutes "

@@ -34,7 +34,7 @@ import numpy as np
 from tokcy._request_data import COLUMNS
 from tokcy.bench import floor, goals
 from tokcy.bench.scenario import Row, Scenario, pair_key
-from tokcy.bench.timing import StepBeside, Timing, measure
+from tokcy.bench.timing import StepBeside, Timing, after_each, measure
 
 BLOCK = 32
 
@@ -178,7 +178,7 @@ def run_row(config, backend, plan, names) -> Row:
         # one report per sample (number=1), each after its iteration's tokens: back-to-back
         # reports after one advance would time reports of iterations with nothing new
         timings[name] = measure(step, plan, before=world.advance, number=1,
-                                after_round=(lambda rounds=rounds: [each() for each in rounds]) if rounds else None)
+                                after_round=after_each(rounds))
     timings["floor"] = floor_rounds.timing() if floor_rounds else None
     quoted = QUOTED_MS.get((config["requests"], config["tokens"]))
     return Row(

@@ -23,7 +23,7 @@ import numpy as np
 
 from tokcy.bench import floor, goals
 from tokcy.bench.scenario import Row, Scenario, pair_key
-from tokcy.bench.timing import StepBeside, Timing, measure
+from tokcy.bench.timing import StepBeside, Timing, after_each, measure
 
 CONFIGS = {
     "smoke": ((256, 0, 64, 7), (256, 3, 64, 7)),
@@ -76,16 +76,14 @@ def run_row(config, backend, plan, names, num_generation, seq_len, num_drafts, c
     steps = implementations(backend, seq_len, num_drafts, chunk, num_generation, names)
     floor_rounds = floor.prepare_rounds(num_generation, seq_len, num_drafts, chunk, plan)
     # tokcy's rounds each followed by one of the floor's and, at the flat goal's long row,
-    # one of tokcy on a batch of the goal's short L
+    # one of tokcy on a batch of the goal's short L (the connector's order)
     short = None
     if (seq_len, num_drafts) == (FLAT_LONG, 0):
         short = StepBeside(implementations(backend, FLAT_SHORT, 0, chunk, num_generation, ())["tokcy"], plan,
                            number=None)
-    beside = [rounds for rounds in (floor_rounds, short) if rounds is not None]
+    beside = after_each([rounds for rounds in (floor_rounds, short) if rounds is not None])
     timings: dict[str, Timing | None] = {
-        name: measure(step, plan, after_round=(lambda: [each() for each in beside]) if name == "tokcy" and beside
-                      else None)
-        for name, step in steps.items()}
+        name: measure(step, plan, after_round=beside if name == "tokcy" else None) for name, step in steps.items()}
     timings["floor"] = floor_rounds.timing() if floor_rounds else None
     return Row(
         config=dict(config),

@@ -31,7 +31,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 
-__all__ = ["Plan", "Timing", "measure", "time_round", "Beside", "StepBeside", "PLANS"]
+__all__ = ["Plan", "Timing", "measure", "time_round", "Beside", "StepBeside", "after_each", "PLANS"]
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class Beside:
     def __init__(self, per_round: int, number: int | None, warmup: int):
         self.per_round = max(1, per_round)
         self.number = number
-        self.warmup = warmup  # calls before the first round, untimed (recorded in timing())
+        self.warmup = warmup  # samples before the first round, untimed (recorded in timing())
         self.round_medians: list = []
 
     def _samples(self) -> list:
@@ -175,6 +175,14 @@ class StepBeside(Beside):
             warm = time_round(self._step, max(1, self.warmup), self._before, self.number)
             self.per_round = self._plan.stretch(statistics.median(warm) * self.number).per_round
         return time_round(self._step, self.per_round, self._before, self.number)
+
+
+def after_each(besides: list):
+    """An ``after_round`` that times one round of each of ``besides``, in order (None
+    for none)."""
+    if not besides:
+        return None
+    return lambda: [beside() for beside in besides]
 
 
 def measure(step, plan: Plan, *, before=None, number: int | None = None, after_round=None) -> Timing:
