@@ -57,14 +57,14 @@ class Plan:
         warmup = max(1, min(self.warmup, fits // 4))
         return replace(self, rounds=rounds, per_round=per_round, warmup=warmup)
 
-    def stretch(self, seconds_per_iteration: float) -> "Plan":
-        """This plan with rounds of about ``round_s`` (more iterations per round, at most
+    def stretch(self, seconds_per_sample: float) -> "Plan":
+        """This plan with rounds of about ``round_s`` (more samples per round, at most
         ``max_per_round``, the rounds within the budget), or as it is."""
-        if self.round_s is None or seconds_per_iteration <= 0:
+        if self.round_s is None or seconds_per_sample <= 0:
             return self
-        wanted = min(self.max_per_round, int(self.round_s / seconds_per_iteration))
+        wanted = min(self.max_per_round, int(self.round_s / seconds_per_sample))
         if self.budget_s is not None:
-            wanted = min(wanted, int(self.budget_s / (seconds_per_iteration * self.rounds)))
+            wanted = min(wanted, int(self.budget_s / (seconds_per_sample * self.rounds)))
         return replace(self, per_round=wanted) if wanted > self.per_round else self
 
 
@@ -104,6 +104,13 @@ def _calibrate(step, plan: Plan) -> int:
         if elapsed >= plan.min_sample_s or number >= 1 << 20:
             return number
         number *= 2 if elapsed * 8 > plan.min_sample_s else 8
+
+
+def warm_up(step, plan: Plan, samples: int, before=None, number: int = 1) -> Plan:
+    """``samples`` warm-up samples of ``step`` (not kept), and ``plan`` stretched to their
+    timing (``Plan.stretch``)."""
+    warm = time_round(step, samples, before, number)
+    return plan.stretch(statistics.median(warm) * number)
 
 
 def time_round(step, per_round: int, before=None, number: int = 1) -> list:
@@ -172,8 +179,7 @@ class StepBeside(Beside):
         if not self.round_medians:  # the warm-up, not kept; its timing sizes the rounds (Plan.stretch)
             if self.number is None:
                 self.number = _calibrate(self._step, self._plan)
-            warm = time_round(self._step, max(1, self.warmup), self._before, self.number)
-            self.per_round = self._plan.stretch(statistics.median(warm) * self.number).per_round
+            self.per_round = warm_up(self._step, self._plan, max(1, self.warmup), self._before, self.number).per_round
         return time_round(self._step, self.per_round, self._before, self.number)
 
 
@@ -199,8 +205,7 @@ def measure(step, plan: Plan, *, before=None, number: int | None = None, after_r
         number = 1 if first >= plan.min_sample_s else _calibrate(step, plan)
     plan = plan.fit(first * number)
     if plan.warmup > 1:
-        warm = time_round(step, plan.warmup - 1, before, number)
-        plan = plan.stretch(statistics.median(warm) * number)  # seconds per sample
+        plan = warm_up(step, plan, plan.warmup - 1, before, number)
     round_medians = []
     for _ in range(plan.rounds):
         round_medians.append(statistics.median(time_round(step, plan.per_round, before, number)))
