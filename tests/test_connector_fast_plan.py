@@ -77,6 +77,8 @@ def mutate(module, state, pool, rng):
         table.append(rng.randrange(1000))
         if len(table) > 2 and rng.random() < 0.5:
             table[1] = rng.randrange(1000)
+        elif rng.random() < 0.2:  # refilled whole: new ids, none released
+            table.__init__([rng.randrange(1000) for _ in range(rng.randint(0, 4))])
     elif choice == 6:
         state.record_matched_tokens(request.request_id, rng.randint(0, 3))
     elif choice == 7:
@@ -164,3 +166,27 @@ def test_a_failed_call_gives_back_the_fast_rows_marks_and_slots(backend):
     assert output.tokens.tolist() == [6, 7] and output.computed_positions.tolist() == [3, 3]
     assert output.num_replaced_tokens.tolist() == [0, 0] and output.block_ids.tolist() == [20]
     assert output.block_offsets.tolist() == [0, 0, 1] and output.num_scheduled_tokens.tolist() == [1, 1]
+
+
+def test_a_table_refilled_through_init_is_reported_whole(backend):
+    """Worked example: a request's table refilled through ``__init__`` between reports (new
+    ids, none released) is reported as every block replaced, on the compiled backend by
+    the fast plan, which reads the request's first table without the table object."""
+    manager = SchedulerOutputManager()
+    request = backend.Request(1, [1, 2, 3])
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    table = request.block_tables[0]
+    table.extend([10, 11, 12])
+    table.release_front(1)
+    manager.build_scheduler_output([], [request])
+    table.__init__([30, 31])
+    request.add_new_token(4)
+    fast_rows = getattr(manager._state, "_num_fast_rows", 0)
+    output = manager.build_scheduler_output([], [request])
+    assert output.tokens.tolist() == [4] and output.num_replaced_tokens.tolist() == [0]
+    assert output.block_ids.tolist() == [30, 31] and output.block_offsets.tolist() == [0, 2]
+    assert output.num_replaced_blocks.tolist() == [3] and output.num_released_blocks.tolist() == [0]
+    if backend.__name__ == "tokcy._core":
+        assert manager._state._num_fast_rows == fast_rows + 1
+    (data,) = manager.build_scheduler_output([], [request]).cached_requests  # nothing new since
+    assert (data.new_tokens, data.new_block_ids, data.num_replaced_blocks_by_group) == ([], [], [0])

@@ -6,9 +6,10 @@ send entries are committed. Checked here, both backends:
 * a worked example: exact arrays, the entries each step sends and the device rows;
 * random runs mixing that sequence with every other one (Request subclasses, drafts,
   first drafts, shuffled ids, block sizes that are and are not powers of two, released
-  blocks, rewinds, rewritten ids), against the independent reference, the device rows
-  against the tables, and the bytes each step sends against the other backend running the
-  same script (with the CPU copy and with the torch copy a GPU takes);
+  blocks, rewinds, rewritten ids, tables refilled through ``__init__``), against the
+  independent reference, the device rows against the tables, and the bytes each step
+  sends against the other backend running the same script (with the CPU copy and with the
+  torch copy a GPU takes);
 * errors met inside a run: the same error as the other backend, and nothing consumed.
 """
 
@@ -116,9 +117,12 @@ class Run:
             event = rng.random()
             if event < 0.45:
                 request.add_new_token(1)
-            elif event < 0.55:
+            elif event < 0.52:
                 table[-1] = self.next_block  # a block re-allocated
                 self.next_block += 1
+            elif event < 0.55:  # the table refilled whole (new ids, none released)
+                table.__init__(range(self.next_block, self.next_block + len(table)))
+                self.next_block += len(table)
             elif event < 0.65:  # the window frees blocks before the first row any kind would read
                 window = max(0, n - MAX_DRAFT_LEN - 1) // size
                 table.release_front(max(table.num_released, int(rng.integers(0, window + 1))))

@@ -53,33 +53,33 @@ Growable int32 list of the KV-cache block ids assigned to one request (one layer
     ``release_front(k)`` marks the first ``k`` entries -1, as a sliding window frees them.
     """
 
+    # the ids and their released count (_buffer.num_released): made here once and never
+    # replaced (__init__ and _restore refill it), because a Request keeps its first
+    # table's buffer for the hot loops (set_block_tables)
     cdef Int32Buffer _buffer
-    cdef Py_ssize_t _num_released
 
     def __cinit__(self, *args, **kwargs):
         self._buffer = Int32Buffer()
-        self._num_released = 0
 
     @cython.embedsignature(False)  # the class docstring carries the signature for inspect/help
     def __init__(self, block_ids=()):
-        self._buffer = Int32Buffer(block_ids_array(block_ids, "block_ids"))
-        self._num_released = 0
+        self._buffer.reset(block_ids_array(block_ids, "block_ids"))
 
     def _restore(self, block_ids, num_released, dirty_from, table_dirty_from=0):
         ids, released, mark, table_mark = _invariants.checked_block_table(
             block_ids, num_released, dirty_from, table_dirty_from)
-        self._buffer = Int32Buffer(ids)
+        self._buffer.reset(ids)
         self._buffer.dirty_from = mark
         self._buffer.table_dirty_from = table_mark
-        self._num_released = released
+        self._buffer.num_released = released
 
     def __reduce__(self):
         cls = None if type(self) is BlockTable else type(self)
         return (_pickle.restore_block_table,
-                (cls, self.tolist(), self._num_released, self._buffer.dirty_from, self._buffer.table_dirty_from))
+                (cls, self.tolist(), self._buffer.num_released, self._buffer.dirty_from, self._buffer.table_dirty_from))
 
     def __repr__(self):
-        return _repr.block_table_repr(type(self).__name__, self.tolist(), self._num_released)
+        return _repr.block_table_repr(type(self).__name__, self.tolist(), self._buffer.num_released)
 
     def __len__(self):
         return self._buffer.size
@@ -97,7 +97,7 @@ Growable int32 list of the KV-cache block ids assigned to one request (one layer
         cdef Py_ssize_t position = self._position(index)
         cdef int32_t value = block_id_arg(block_id, "block_id")
         position = self._position(index)  # block_id's __index__ may have run Python code
-        if position < self._num_released:
+        if position < self._buffer.num_released:
             raise ValueError(f"block {position} was released by the sliding window and cannot be set")
         self._buffer.set(position, value)
 
@@ -109,7 +109,8 @@ Growable int32 list of the KV-cache block ids assigned to one request (one layer
 
     def __eq__(self, other):
         if isinstance(other, BlockTable):
-            return self._num_released == (<BlockTable>other)._num_released and self.tolist() == other.tolist()
+            return (self._buffer.num_released == (<BlockTable>other)._buffer.num_released
+                    and self.tolist() == other.tolist())
         if isinstance(other, list):
             return self.tolist() == other
         return NotImplemented
@@ -131,8 +132,8 @@ Growable int32 list of the KV-cache block ids assigned to one request (one layer
         if num_blocks < 0 or num_blocks > self._buffer.size:
             raise ValueError(f"num_blocks {num_blocks} is outside [0, {self._buffer.size}]")
         self._buffer.truncate(num_blocks)
-        if num_blocks < self._num_released:
-            self._num_released = num_blocks
+        if num_blocks < self._buffer.num_released:
+            self._buffer.num_released = num_blocks
 
     def clear(self):
         """Drop every entry (``truncate(0)``): the table holds no blocks afterwards."""
@@ -141,9 +142,9 @@ Growable int32 list of the KV-cache block ids assigned to one request (one layer
     def release_front(self, Py_ssize_t num_released):
         """Mark the first ``num_released`` entries -1; the count may grow, never shrink."""
         cdef Py_ssize_t dirty_from, table_dirty_from
-        if num_released < self._num_released:
+        if num_released < self._buffer.num_released:
             raise ValueError(
-                f"num_released {num_released} is below the {self._num_released} blocks already released"
+                f"num_released {num_released} is below the {self._buffer.num_released} blocks already released"
             )
         if num_released > self._buffer.size:
             raise ValueError(f"num_released {num_released} exceeds the {self._buffer.size} blocks in the table")
@@ -151,15 +152,15 @@ Growable int32 list of the KV-cache block ids assigned to one request (one layer
         # (num_released), not as rewritten ids: keep the buffer's change marks where they were.
         dirty_from = self._buffer.dirty_from
         table_dirty_from = self._buffer.table_dirty_from
-        self._buffer.fill(self._num_released, num_released, -1)
+        self._buffer.fill(self._buffer.num_released, num_released, -1)
         self._buffer.dirty_from = dirty_from
         self._buffer.table_dirty_from = table_dirty_from
-        self._num_released = num_released
+        self._buffer.num_released = num_released
 
     @property
     def num_released(self):
         """How many leading entries a sliding window has released (they read -1)."""
-        return self._num_released
+        return self._buffer.num_released
 
     def tolist(self):
         """The block ids as a new list."""

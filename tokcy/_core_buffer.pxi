@@ -19,30 +19,32 @@ cdef inline Py_ssize_t grown_capacity(Py_ssize_t capacity, Py_ssize_t needed) no
 
 @cython.final
 cdef class Int32Buffer:
-    # The connector's row reads data, size, capacity and dirty_from; they come first (C
-    # keeps the declaration order), at bytes 24 to 56. With the pad, the object is 112
-    # bytes, 128 with the collector's header: CPython's small-object allocator places such
-    # blocks 48 bytes past a 64-byte line (after its 48-byte pool header), so every
-    # buffer starts on a line and those four fields share it (unpadded, they spanned two
-    # lines for one buffer in two). Only speed depends on this.
+    # The connector's row reads data, size, capacity, dirty_from and num_released; they
+    # come first (C keeps the declaration order), at bytes 24 to 63. With the pad, the
+    # object is 112 bytes, 128 with the collector's header: CPython's small-object
+    # allocator places such blocks 48 bytes past a 64-byte line (after its 48-byte pool
+    # header), so every buffer starts on a line and those fields share it (unpadded, they
+    # spanned two lines for one buffer in two). Only speed depends on this.
     cdef int32_t* data
     cdef Py_ssize_t size
     cdef Py_ssize_t capacity
     cdef Py_ssize_t dirty_from        # reader 1, the connector: lowest position changed since its last read
+    # a block table's buffer only: its leading entries a sliding window released (they
+    # read -1); kept here, not in the BlockTable, so that the hot loops read one object
+    # per table (0 for token buffers)
+    cdef Py_ssize_t num_released
     cdef Py_ssize_t shared_end
     cdef Py_ssize_t table_dirty_from  # reader 2, the device block table: the same, since its last read
     cdef int64_t table_stamp          # which device-table row read it last (0: none)
     cdef object storage      # numpy int32 array that owns `data`; old ones live on in views
     cdef object readonly     # storage through a read-only buffer, made at the first view
-    cdef Py_ssize_t _layout_pad[2]
+    cdef Py_ssize_t _layout_pad[1]
 
     def __cinit__(self, values=None):
         if values is None:
             self._adopt(np.empty(0, dtype=np.int32))
         else:
-            # values: a validated 1-D int32 array; the buffer holds a copy.
-            self._adopt(np.array(values, dtype=np.int32, copy=True))
-            self.size = self.capacity
+            self.reset(values)
 
     cdef int _adopt(self, object storage) except -1:
         cdef int32_t[::1] memory = storage
@@ -51,6 +53,17 @@ cdef class Int32Buffer:
         self.capacity = memory.shape[0]
         self.data = &memory[0] if self.capacity > 0 else NULL
         self.shared_end = 0
+        return 0
+
+    cdef int reset(self, object values) except -1:
+        """Hold a copy of ``values`` (a validated 1-D int32 array) and nothing else, as a
+        new buffer of them would: every mark and count back to a new buffer's."""
+        self._adopt(np.array(values, dtype=np.int32, copy=True))
+        self.size = self.capacity
+        self.dirty_from = 0
+        self.table_dirty_from = 0
+        self.table_stamp = 0
+        self.num_released = 0
         return 0
 
     cdef int make_writable(self, Py_ssize_t start, Py_ssize_t new_size) except -1:

@@ -284,7 +284,7 @@ cdef class AttentionMetadata:
                 as_block_table(<object>table)  # TypeError unless a BlockTable subclass
             buffer = <PyObject*>(<BlockTable>table)._buffer
             size = (<Int32Buffer>buffer).size
-            released = (<BlockTable>table)._num_released
+            released = (<Int32Buffer>buffer).num_released
             block_size = self.block_size[group]
             if size > self.width:
                 _checks.too_many_blocks(request._request_id, group, size, self.width)
@@ -354,7 +354,6 @@ cdef class AttentionMetadata:
         for which nothing is recorded. The running totals stay in locals; the requests are
         borrowed (the writer holds the batch, and nothing here runs Python code)."""
         cdef PyObject* request
-        cdef PyObject* table
         cdef PyObject* buffer
         cdef GroupSpec* spec = &self.groups[self.num_planned]
         cdef int32_t* sequence_slots = self.sequence_slots + self.num_planned
@@ -377,12 +376,11 @@ cdef class AttentionMetadata:
             request = items[index]
             if (<Request>request)._num_groups != 1:
                 break
-            table = <PyObject*>(<Request>request)._table0  # the tables tuple's only item
-            if <void*>table.ob_type != <void*>BlockTable:
+            buffer = <PyObject*>(<Request>request)._blocks0  # the only table's ids (None: not a plain BlockTable)
+            if <void*>buffer.ob_type != <void*>Int32Buffer:
                 break
-            buffer = <PyObject*>(<BlockTable>table)._buffer
             size = (<Int32Buffer>buffer).size
-            released = (<BlockTable>table)._num_released
+            released = (<Int32Buffer>buffer).num_released
             pos = (<Request>request)._beam0.size - 1
             block = block_of(pos, block_size, shift)
             if size > width or block >= size or block < released or total_kv + pos + 1 > INT32_MAX:

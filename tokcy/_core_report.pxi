@@ -354,6 +354,7 @@ cdef class ReportState:
         cdef ReportSlot* slot = &self.slots[number]
         cdef PyObject* tables = <PyObject*>request._block_tables  # a tuple (Request's field)
         cdef PyObject* table
+        cdef PyObject* block_ids
         cdef SegmentJob* part
         if request._state_code == 2:
             _report_checks.finished(request._request_id)
@@ -405,23 +406,24 @@ cdef class ReportState:
             table = tuple_item(tables, group)
             if <void*>table.ob_type != <void*>BlockTable and not isinstance(<object>table, BlockTable):  # never
                 raise TypeError(f"layer group {group} of request {request._request_id} is not a BlockTable")
-            size = (<BlockTable>table)._buffer.size
+            block_ids = <PyObject*>(<BlockTable>table)._buffer
+            size = (<Int32Buffer>block_ids).size
             reported = 0
             begin = 0
             if not job.is_new:
                 reported = blocks_of(slot)[group]
-                dirty_from = (<BlockTable>table)._buffer.dirty_from
+                dirty_from = (<Int32Buffer>block_ids).dirty_from
                 begin = reported if reported < dirty_from else dirty_from
                 if begin > size:
                     begin = size
-            check_span(job.request_id, begin, size, size, (<BlockTable>table)._buffer.capacity)
+            check_span(job.request_id, begin, size, size, (<Int32Buffer>block_ids).capacity)
             part = &self.segments[total_segments[0]]
-            part.buffer = <PyObject*>(<BlockTable>table)._buffer
-            part.data = (<BlockTable>table)._buffer.data
+            part.buffer = block_ids
+            part.data = (<Int32Buffer>block_ids).data
             part.begin = begin
             part.end = size
             part.replaced = reported - begin
-            part.released = (<BlockTable>table)._num_released
+            part.released = (<Int32Buffer>block_ids).num_released
             total_segments[0] += 1
         return 0
 

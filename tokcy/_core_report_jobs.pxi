@@ -174,11 +174,18 @@ cdef inline Py_ssize_t plan_fast_segment(PyObject* table, Py_ssize_t reported, S
     """The fast plan of one layer group (``table``, borrowed; ``reported``: its blocks
     reported so far): the new blocks, or -1 if ``table`` is not an exact BlockTable or
     its copy would leave its buffer (the general plan then raises the error)."""
-    cdef PyObject* block_ids
-    cdef Py_ssize_t size, begin
     if <void*>table.ob_type != <void*>BlockTable:
         return -1
-    block_ids = <PyObject*>(<BlockTable>table)._buffer
+    return plan_fast_blocks(<PyObject*>(<BlockTable>table)._buffer, reported, part)
+
+
+cdef inline Py_ssize_t plan_fast_blocks(PyObject* block_ids, Py_ssize_t reported, SegmentJob* part) noexcept:
+    """plan_fast_segment of a table's buffer (``block_ids``, borrowed): -1 if it is not
+    an Int32Buffer (a request's _blocks0 is None when its first table is not an exact
+    BlockTable) or its copy would leave it."""
+    cdef Py_ssize_t size, begin
+    if <void*>block_ids.ob_type != <void*>Int32Buffer:
+        return -1
     size = (<Int32Buffer>block_ids).size
     begin = (<Int32Buffer>block_ids).dirty_from
     if reported < begin:
@@ -193,7 +200,7 @@ cdef inline Py_ssize_t plan_fast_segment(PyObject* table, Py_ssize_t reported, S
     part.begin = begin
     part.end = size
     part.replaced = reported - begin
-    part.released = (<BlockTable>table)._num_released
+    part.released = (<Int32Buffer>block_ids).num_released
     return size - begin
 
 
@@ -214,6 +221,8 @@ cdef enum:
     # how far ahead (in rows) the fast plan asks for a request's fields (twice this), then
     # for its slot and buffer objects (this), then for its newest tokens (half this)
     PREFETCH_ROWS = 8
+    # the fewest rows (left in a batch) for which it asks at all
+    PREFETCH_MIN_ROWS = 2048
 
 
 cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:

@@ -34,7 +34,9 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     # read two. Only speed depends on this.
     cdef int64_t _request_id
     cdef Int32Buffer _beam0          # _beams[0], for the hot loops
-    cdef BlockTable _table0          # _block_tables[0] (None before __init__)
+    # the block ids of _block_tables[0] (its buffer, which a BlockTable never replaces)
+    # when that is an exact BlockTable, else None: the hot loops read no table object
+    cdef Int32Buffer _blocks0
     cdef Int32Buffer _draft_tokens   # NO_DRAFTS (shared, never mutated) when there are none
     cdef Py_ssize_t _num_pauses      # bumped by pause(): the connector then reports anew
     # the connector's report slot for this request, a hint only: a ReportState uses it when
@@ -48,7 +50,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     cdef int64_t _seq_slot           # NO_SLOT for None
     cdef Py_ssize_t _context_position
     cdef Py_ssize_t _chunk_size
-    cdef tuple _block_tables         # set only by set_block_tables (with _num_groups, _table0)
+    cdef tuple _block_tables         # set only by set_block_tables (with _num_groups, _blocks0)
     cdef list _beams                 # Int32Buffer per beam
     cdef Py_ssize_t _orig_prompt_len
     cdef int64_t _max_new_tokens     # NO_LIMIT for None
@@ -434,7 +436,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._chunk_size = self._prompt_len
         self._draft_tokens = NO_DRAFTS
         self._seq_slot = NO_SLOT
-        held = [table._buffer.tolist(table._num_released, table._buffer.size) for table in self._block_tables]
+        held = [table._buffer.tolist(table._buffer.num_released, table._buffer.size) for table in self._block_tables]
         for table in self._block_tables:
             table.truncate(0)
         self._num_pauses += 1
@@ -452,7 +454,7 @@ cdef inline int set_block_tables(Request request, tuple tables) except -1:
         raise OverflowError(f"{len(tables)} layer groups do not fit a Request")
     request._block_tables = tables
     request._num_groups = <int16_t>len(tables)
-    request._table0 = tables[0] if tables else None
+    request._blocks0 = (<BlockTable>tables[0])._buffer if tables and type(tables[0]) is BlockTable else None
     return 0
 
 
