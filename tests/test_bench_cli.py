@@ -256,8 +256,9 @@ def test_connector_goals_read_paired_rounds_when_a_row_has_them(backend):
     """'flat in tokens' (8 x 131,072 over 8 x 2,048, at most 1.2x) and 'RequestData within
     3x of the columns' from rows written by hand: the medians' ratio when a row has no
     paired rounds (1.5 us over 1.0 us is 1.50x: FAIL; 3.5 over 1.0 is 3.5x: FAIL), the
-    median of the paired rounds' ratios when it has them (1.10x: PASS; 2.0x: PASS). The
-    pure twin's tables carry only its own goal (no slower than 'after')."""
+    median of the paired rounds' ratios when it has them (1.10x: PASS; 2.0x: PASS); the
+    flat goal names a row not run. The pure twin's tables carry only its own goal (no
+    slower than 'after')."""
     from tokcy.bench import connector, connector_batch
 
     def rows(paired):
@@ -282,6 +283,8 @@ def test_connector_goals_read_paired_rounds_when_a_row_has_them(backend):
     for paired, flat, objects in ((False, (False, "1.50x"), (False, "3.5x")), (True, (True, "1.10x"), (True, "2.0x"))):
         assert verdict(connector.SCENARIO.goals(rows(paired), "cython"), "tokcy flat in tokens") == flat
         assert verdict(connector_batch.SCENARIO.goals(rows(paired), "cython"), "RequestData") == objects
+    without_small = connector.SCENARIO.goals(rows(False)[1:], "cython")
+    assert verdict(without_small, "tokcy flat in tokens") == (None, "8 x 2,048 not run")
 
 
 def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(backend, clock, monkeypatch):
@@ -290,7 +293,8 @@ def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(
     the right way up; each timed report follows a decode step of its own. The bench's
     clock is a virtual one that only a report moves: 1 us for a tokcy report, 3 us for one
     of the small world, 5 us for one of the RequestData world (nothing here is timed;
-    microseconds, so that a calibration of back-to-back calls would take place)."""
+    microseconds, so that a calibration of back-to-back calls would take place). The pure
+    twin's rows time no pair (its goals read none)."""
     from tokcy.bench import connector
     from tokcy.bench.timing import Plan
 
@@ -319,6 +323,9 @@ def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(
     monkeypatch.setattr(connector, "OBJECTS_BATCH", 4)
     plan = Plan(warmup=4, rounds=3, per_round=2)
     row = connector.run_row({"requests": 4, "tokens": 256}, backend, plan, ["tokcy", "tokcy+RequestData", "after"])
+    if name_of(backend) == "python":  # its goals read no pairs: none timed, no world made for them
+        assert row.paired_rounds == {} and len(worlds) == 3
+        return
     assert sorted(row.paired_rounds) == sorted([connector.FLAT_PAIR, connector.OBJECTS_PAIR])
     assert all(len(ratios) == 3 and min(ratios) > 0 for ratios in row.paired_rounds.values())
     assert max(row.paired_rounds[connector.FLAT_PAIR]) < 0.5  # large over small
@@ -337,7 +344,8 @@ def test_the_executor_s_flat_goal_pairs_a_short_batch_beside_the_long_one(backen
     batch of the short L beside tokcy's own rounds: the virtual clock moves 1 us per call
     on the long batch and 4 us on the short one, so every paired ratio is exactly 1/4; the
     goal reads their median (0.25x: PASS) where the medians alone would say 2.00x (FAIL);
-    a row of another L pairs nothing; without the short row the goal is not run."""
+    a row of another L pairs nothing; the goal names the rows not run. The pure twin's
+    rows time no pair (its goals read none)."""
     from tokcy.bench import executor
     from tokcy.bench.timing import Plan
 
@@ -357,6 +365,9 @@ def test_the_executor_s_flat_goal_pairs_a_short_batch_beside_the_long_one(backen
     monkeypatch.setattr(executor, "FLAT_SHORT", 32)
     plan = Plan(warmup=2, rounds=3, per_round=2, min_sample_s=1e-6)
     row = executor.run_row({"seq_len": 96, "drafts": 0}, backend, plan, (), 4, 96, 0, 7)
+    if name_of(backend) == "python":  # its goals read no pairs: none timed
+        assert row.paired_rounds == {}
+        return
     assert row.paired_rounds == {executor.FLAT_PAIR: pytest.approx([0.25] * 3)}
     assert executor.run_row({"seq_len": 32, "drafts": 0}, backend, plan, (), 4, 32, 0, 7).paired_rounds == {}
 
@@ -369,4 +380,6 @@ def test_the_executor_s_flat_goal_pairs_a_short_batch_beside_the_long_one(backen
     assert flat_verdict([short, long]) == (False, "2.00x")
     long.paired_rounds = row.paired_rounds
     assert flat_verdict([short, long]) == (True, "0.25x")
-    assert flat_verdict([long]) == (None, "not run")
+    assert flat_verdict([long]) == (None, "L = 32 not run")
+    assert flat_verdict([short]) == (None, "L = 96 not run")
+    assert flat_verdict([]) == (None, "L = 32 and L = 96 not run")

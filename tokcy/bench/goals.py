@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from tokcy.bench.backends import name_of
 from tokcy.bench.report import format_ratio, format_seconds
 from tokcy.bench.scenario import Goal, median_or_ratio
+
+
+def read_paired(backend) -> bool:
+    """Whether the goals of ``backend`` (a backend module) read paired rounds: only the
+    compiled backend's do (the pure twin's one goal compares it with 'after'), so rows
+    time the pairs only for it."""
+    return name_of(backend) == "cython"
 
 
 def within_floor(rows: list, key: str, sizes: tuple, factor: float = 3.0) -> list:
@@ -52,13 +60,16 @@ def speedup_at_least(rows: list, baseline: str, factor: float, where=None, where
     return Goal(text, f"lowest {format_ratio(min(ratios))}", min(ratios) >= factor)
 
 
-def flat(rows: list, small, large, factor: float, text: str, name: str = "tokcy", paired: str | None = None) -> Goal:
+def flat(rows: list, small, large, factor: float, text: str, labels: tuple[str, str], name: str = "tokcy",
+         paired: str | None = None) -> Goal:
     """``name`` at the row ``large`` selects within ``factor`` of the row ``small`` selects:
     the median of the per-round ratios the large row keeps under ``paired`` (the small
-    configuration timed beside it) when it has them, else the ratio of the two medians."""
+    configuration timed beside it) when it has them, else the ratio of the two medians.
+    ``labels`` name the two rows (small, large) in a verdict that one was not run."""
     low = [row.values.get(name) for row in rows if small(row.config)]
     high = [row for row in rows if large(row.config)]
-    if not (low and high and low[0] and high[0].values.get(name)):
-        return Goal(text, "not run", None)
+    missing = [label for label, found in zip(labels, (low and low[0], high and high[0].values.get(name))) if not found]
+    if missing:
+        return Goal(text, f"{' and '.join(missing)} not run", None)
     ratio = median_or_ratio(high[0].paired_rounds.get(paired), high[0].values[name], low[0])
     return Goal(text, f"{ratio:.2f}x", ratio <= factor)
