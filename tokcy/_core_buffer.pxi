@@ -30,8 +30,8 @@ cdef class Int32Buffer:
     cdef Py_ssize_t capacity
     cdef Py_ssize_t dirty_from        # reader 1, the connector: lowest position changed since its last read
     # a block table's buffer only: its leading entries a sliding window released (they
-    # read -1); kept here, not in the BlockTable, so that the hot loops read one object
-    # per table (0 for token buffers)
+    # read -1); kept here, not in the BlockTable, so that the hot loops read no table
+    # object for a one-group request (0 for token buffers)
     cdef Py_ssize_t num_released
     cdef Py_ssize_t shared_end
     cdef Py_ssize_t table_dirty_from  # reader 2, the device block table: the same, since its last read

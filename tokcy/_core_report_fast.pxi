@@ -102,9 +102,9 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
         # rows miss the caches and each row's reads chain (the request, then its slot and
         # buffers, then its tokens); without them each row waits for each in turn. Only
         # fields of objects of the exact types checked are read; a hint never faults.
-        # Below PREFETCH_MIN_ROWS the rows (some 700 bytes each, job and output included)
-        # stay in a 1-2 MiB L2, where the hints only cost instructions (a tenth of the
-        # row's time at 256 rows, measured).
+        # With fewer than PREFETCH_MIN_ROWS rows left in this run, the rows (some 700 bytes
+        # each, job and output included) stay in a 1-2 MiB L2, where the hints only cost
+        # instructions (a tenth of the row's time at 256 rows, measured).
         if prefetching:
             if index + 2 * PREFETCH_ROWS < count:  # the type and the fields read: one line (Request's layout)
                 prefetch(<uintptr_t>requests[index + 2 * PREFETCH_ROWS] + 8)

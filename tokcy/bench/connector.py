@@ -161,10 +161,10 @@ def run_row(config, backend, plan, names) -> Row:
     # (timing.Beside): the floor beside tokcy; at FLAT_LARGE, tokcy at FLAT_SMALL beside
     # tokcy; at OBJECTS_BATCH requests, tokcy beside tokcy+RequestData.
     pairs = []  # (the implementation timed, the key of its paired rounds, what is timed beside it)
-    if goals.read_paired(backend) and (config["requests"], config["tokens"]) == FLAT_LARGE:
+    if goals.goals_read_pairs(backend) and (config["requests"], config["tokens"]) == FLAT_LARGE:
         small = DecodeWorld(backend, *FLAT_SMALL, "tokcy")
         pairs.append(("tokcy", FLAT_PAIR, StepBeside(small.report, plan, before=small.advance)))
-    if goals.read_paired(backend) and config["requests"] == OBJECTS_BATCH and "tokcy+RequestData" in worlds:
+    if goals.goals_read_pairs(backend) and config["requests"] == OBJECTS_BATCH and "tokcy+RequestData" in worlds:
         tokcy_world = worlds["tokcy"]
         pairs.append(("tokcy+RequestData", OBJECTS_PAIR,
                       StepBeside(tokcy_world.report, plan, before=tokcy_world.advance)))
@@ -234,13 +234,14 @@ class Connector(Scenario):
     def goals(self, rows, backend):
         if backend == "python":
             return [goals.twin_not_slower(rows)]
-        small, large = (f"{requests} x {tokens:,}" for requests, tokens in (FLAT_SMALL, FLAT_LARGE))
+        small_label, large_label = (f"{requests} x {tokens:,}" for requests, tokens in (FLAT_SMALL, FLAT_LARGE))
         return [
             goals.speedup_at_least(rows, "after", 20, lambda c: (c["requests"], c["tokens"]) == (256, 2_048),
                                    "256 x 2,048"),
             goals.flat(rows, lambda c: (c["requests"], c["tokens"]) == FLAT_SMALL,
                        lambda c: (c["requests"], c["tokens"]) == FLAT_LARGE, FLAT_FACTOR,
-                       f"tokcy flat in tokens: {large} within {FLAT_FACTOR:g}x of {small}", (small, large),
+                       f"tokcy flat in tokens: {large_label} within {FLAT_FACTOR:g}x of {small_label}",
+                       (small_label, large_label),
                        paired=FLAT_PAIR),
         ]
 

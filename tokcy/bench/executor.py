@@ -78,7 +78,7 @@ def run_row(config, backend, plan, names, num_generation, seq_len, num_drafts, c
     # tokcy's rounds each followed by one of the floor's and, at the flat goal's long row,
     # one of tokcy on a batch of the goal's short L (the connector's order)
     short = None
-    if goals.read_paired(backend) and (seq_len, num_drafts) == (FLAT_LONG, 0):
+    if goals.goals_read_pairs(backend) and (seq_len, num_drafts) == (FLAT_LONG, 0):
         short = StepBeside(implementations(backend, FLAT_SHORT, 0, chunk, num_generation, ())["tokcy"], plan,
                            number=None)
     beside = after_each([rounds for rounds in (floor_rounds, short) if rounds is not None])
@@ -127,13 +127,14 @@ class Executor(Scenario):
     def goals(self, rows, backend):
         if backend == "python":
             return [goals.twin_not_slower(rows)]
+        short_label, long_label = (f"L = {length:,}" for length in (FLAT_SHORT, FLAT_LONG))
         return [
             goals.speedup_at_least(rows, "after", 10),
             goals.speedup_at_least(rows, "numpy", 3),
             goals.flat(rows, lambda c: (c["seq_len"], c["drafts"]) == (FLAT_SHORT, 0),
                        lambda c: (c["seq_len"], c["drafts"]) == (FLAT_LONG, 0), FLAT_FACTOR,
-                       f"tokcy flat in L: L = {FLAT_LONG:,} within {FLAT_FACTOR:g}x of L = {FLAT_SHORT:,} (0 drafts)",
-                       (f"L = {FLAT_SHORT:,}", f"L = {FLAT_LONG:,}"), paired=FLAT_PAIR),
+                       f"tokcy flat in L: {long_label} within {FLAT_FACTOR:g}x of {short_label} (0 drafts)",
+                       (short_label, long_label), paired=FLAT_PAIR),
         ]
 
     def plot_series(self, rows):

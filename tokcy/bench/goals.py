@@ -7,7 +7,7 @@ from tokcy.bench.report import format_ratio, format_seconds
 from tokcy.bench.scenario import Goal, median_or_ratio
 
 
-def read_paired(backend) -> bool:
+def goals_read_pairs(backend) -> bool:
     """Whether the goals of ``backend`` (a backend module) read paired rounds: only the
     compiled backend's do (the pure twin's one goal compares it with 'after'), so rows
     time the pairs only for it."""
