@@ -47,6 +47,35 @@ def both_backends():
     return compiled_backend(), _pure
 
 
+# ---------------------------------------------------------------- every test names its backend
+# A test takes ``backend`` (run once per backend) or ``both_backends`` (a differential), directly
+# or through another fixture; a test that runs no backend code (a table's formatting, a scan of
+# the docs, an import probe in a subprocess) says so with ``@pytest.mark.backend_free("why")``.
+# Collection fails on a test that does neither, so no test silently runs on one backend only.
+BACKEND_FIXTURES = frozenset({"backend", "both_backends"})
+
+
+def tests_without_a_backend(items):
+    """The node ids of the tests that take no backend fixture and give no reason for it."""
+    missing = []
+    for item in items:
+        if BACKEND_FIXTURES & set(getattr(item, "fixturenames", ())):
+            continue
+        marker = item.get_closest_marker("backend_free")
+        if marker is None or not (marker.args and isinstance(marker.args[0], str) and marker.args[0].strip()):
+            missing.append(item.nodeid)
+    return missing
+
+
+def pytest_collection_modifyitems(config, items):
+    missing = tests_without_a_backend(items)
+    if missing:
+        raise pytest.UsageError(
+            f"{len(missing)} test(s) take neither the backend nor the both_backends fixture and are not "
+            "marked @pytest.mark.backend_free(\"why\"): " + ", ".join(missing)
+        )
+
+
 # ---------------------------------------------------------------- optional extras
 # Test modules that import torch or matplotlib at top level are not collected when that
 # extra is missing (pip install '.[test]' alone has neither); the run says so at the end.

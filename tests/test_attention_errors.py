@@ -100,7 +100,7 @@ def test_device_table_slots(backend, problem):
     assert preparer.block_table[0, 0].tolist() == [1, 2, 0, 0]
 
 
-def test_preparer_needs_max_blocks_per_seq():
+def test_preparer_needs_max_blocks_per_seq(backend):
     with pytest.raises(ValueError, match="max_blocks_per_seq"):
         InputPreparer(8, 2, block_size=4)
 

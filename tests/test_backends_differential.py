@@ -240,6 +240,7 @@ def test_random_programs_give_identical_traces(both_backends, monkeypatch, chunk
         assert len(got) == len(expected)
 
 
+@pytest.mark.backend_free("checks the program generator, which runs no backend")
 def test_programs_exercise_errors_and_successes():
     """The generator is not degenerate: programs mix every kind of operation, many of them failing."""
     kinds = {kind for seed in range(50) for kind, _ in Program(seed).ops}

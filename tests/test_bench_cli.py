@@ -87,6 +87,7 @@ def test_plot_is_written(backend, capsys, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.backend_free("the CLI refuses the missing plotting extra before any backend runs")
 def test_plot_without_matplotlib_says_so(capsys, tmp_path, monkeypatch):
     import builtins
 
@@ -104,6 +105,7 @@ def test_plot_without_matplotlib_says_so(capsys, tmp_path, monkeypatch):
     assert out == ""  # refused before running anything
 
 
+@pytest.mark.backend_free("formats given figures; no backend runs")
 def test_table_layout():
     scenario = cli.load_scenario("accessors")
     rows = [Row(config={"operation": "get_num_tokens", "n": 2048}, values={"tokcy": 5e-8, "baseline": 2.5e-5})]
@@ -116,6 +118,7 @@ def test_table_layout():
     assert "±" not in lines[3]  # no rounds recorded: no spread shown
 
 
+@pytest.mark.backend_free("formats given figures; no backend runs")
 def test_format_helpers():
     assert report.format_seconds(2.5e-3) == "2.50 ms"
     assert report.format_seconds(1.5) == "1.50 s"
@@ -124,6 +127,7 @@ def test_format_helpers():
     assert report.format_ratio(None) == "-"
 
 
+@pytest.mark.backend_free("formats given figures; no backend runs")
 def test_table_shows_spread_floor_ratio_quoted_section_and_verdicts():
     scenario = cli.load_scenario("connector_batch")
     timing = {"round_medians": [90e-6, 100e-6, 110e-6]}
@@ -148,6 +152,7 @@ def test_table_shows_spread_floor_ratio_quoted_section_and_verdicts():
            "worst twin/after = 1.50)" in python
 
 
+@pytest.mark.backend_free("formats given figures; no backend runs")
 def test_goal_summary_counts_verdicts():
     scenario = cli.load_scenario("executor_batch")
     rows = [Row(config={"requests": size},
@@ -167,6 +172,7 @@ def test_bench_without_the_floor_says_so(backend, capsys, monkeypatch):
     assert len(body) == 2 and all(line.split()[7] == "-" and line.split()[-1] == "-" for line in body)
 
 
+@pytest.mark.backend_free("formats given figures; no backend runs")
 def test_plot_time_unit_keeps_ticks_readable():
     assert report.time_unit([5e-6, 1.4]) == ("µs", 1e-6)
     assert report.time_unit([50e-9, 3e-6]) == ("ns", 1e-9)

@@ -50,6 +50,7 @@ def test_report_copies_the_entries_the_connector_reports(backend, num_requests, 
     assert reported == by_hand
 
 
+@pytest.mark.backend_free("the floor is plain C of its own, not a tokcy backend")
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="reps, rounds >= 1"):
         floor._floor.prepare(4, 16, 0, 0, 0, 1)
@@ -61,6 +62,7 @@ def test_bad_sizes_are_refused():
         floor._floor.report(4, 16, 32, 1)
 
 
+@pytest.mark.backend_free("the floor is plain C of its own, not a tokcy backend")
 def test_timing_wraps_the_rounds():
     from tokcy.bench.timing import Plan
 

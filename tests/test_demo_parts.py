@@ -45,6 +45,7 @@ def test_ngram_index_must_follow_the_request(backend):
         propose(request, index, 2)
 
 
+@pytest.mark.backend_free("accept() compares two lists of ints; no backend runs")
 def test_accept_longest_agreeing_prefix_plus_bonus():
     assert accept([4, 5, 6], [4, 5, 9, 8]) == ([4, 5, 9], 2)
     assert accept([4, 5, 6], [4, 5, 6, 8]) == ([4, 5, 6, 8], 3)
@@ -163,7 +164,7 @@ def test_cli_small_run_matches_the_reference(backend, capsys):
         assert word in out
 
 
-def test_cli_help_and_bad_device(capsys):
+def test_cli_help_and_bad_device(backend, capsys):
     from tokcy.demo.cli import main
 
     with pytest.raises(SystemExit):

@@ -21,6 +21,7 @@ def python_blocks(page):
     return BLOCK.findall(page.read_text(encoding="utf-8"))
 
 
+@pytest.mark.backend_free("reads the docs as text")
 def test_the_pages_with_examples_are_found():
     with_examples = {page.name for page in PAGES if python_blocks(page)}
     assert {"README.md", "index.md", "install.md", "request.md", "executor.md", "connector.md",
@@ -42,12 +43,14 @@ def test_python_blocks_run_as_written(backend, page, capsys):
 OUTSIDE = re.compile(r"\.\./shared|DESIGN\.md|seeds/|\bthe seeds?\b|\bseed's|\bseed \d+|\bissues? #?\d+", re.IGNORECASE)
 
 
+@pytest.mark.backend_free("reads the docs as text")
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
 def test_pages_name_nothing_outside_the_repository(page):
     hits = [line for line in page.read_text(encoding="utf-8").splitlines() if OUTSIDE.search(line)]
     assert hits == []
 
 
+@pytest.mark.backend_free("reads the docs as text")
 def test_every_page_is_in_the_site():
     index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
     toctree = index[index.index("```{toctree}"):]

@@ -117,12 +117,16 @@ def test_cpu_errors_leave_device_tensors_alone(backend):
     assert preparer.tensors["input_ids"][:1].tolist() == [3]
 
 
-def test_import_does_not_need_torch():
+def test_import_does_not_need_torch(backend):
+    import os
     import subprocess
     import sys
 
-    code = "import sys, tokcy, tokcy.executor; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    name = "cython" if backend.__name__ == "tokcy._core" else "python"
+    code = ("import sys, tokcy, tokcy.executor, tokcy.connector; assert 'torch' not in sys.modules, 'torch imported'; "
+            f"assert tokcy.BACKEND == {name!r}, tokcy.BACKEND")
+    env = {**os.environ, "TOKCY_PURE_PYTHON": "1" if name == "python" else ""}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
 # ------------------------------------------------------------------------------ CUDA

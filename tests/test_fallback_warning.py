@@ -62,6 +62,7 @@ def _expected_reason(path, reason):
         else reason
 
 
+@pytest.mark.backend_free("imports a copy of the package without its compiled core, in a subprocess")
 def test_a_source_tree_shadowing_an_installed_build_names_both_and_the_fix(tmp_path):
     from tests.conftest import compiled_backend
 
@@ -75,6 +76,7 @@ def test_a_source_tree_shadowing_an_installed_build_names_both_and_the_fix(tmp_p
     assert "run Python from another directory, or build in place: pip install -e ." in stderr
 
 
+@pytest.mark.backend_free("imports a copy of the package without its compiled core, in a subprocess")
 def test_an_unbuilt_checkout_says_how_to_build(tmp_path):
     package = _copy_package(tmp_path, with_setup_py=True)
     backend, stderr = _import([package.parent])
@@ -84,6 +86,7 @@ def test_an_unbuilt_checkout_says_how_to_build(tmp_path):
                             "build it: pip install -e .") in stderr
 
 
+@pytest.mark.backend_free("imports a copy of the package without its compiled core, in a subprocess")
 def test_an_install_without_the_core_says_to_reinstall_with_a_compiler(tmp_path):
     package = _copy_package(tmp_path)
     _, stderr = _import([package.parent])
@@ -92,6 +95,7 @@ def test_an_install_without_the_core_says_to_reinstall_with_a_compiler(tmp_path)
                             "pip install --force-reinstall tokcy") in stderr
 
 
+@pytest.mark.backend_free("imports a copy of the package without its compiled core, in a subprocess")
 def test_a_core_that_is_built_but_broken_gives_the_import_error(tmp_path):
     package = _copy_package(tmp_path)
     (package / ("_core" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"not a shared object")
@@ -99,12 +103,14 @@ def test_a_core_that_is_built_but_broken_gives_the_import_error(tmp_path):
     assert f"tokcy._core is built in {package} but does not import: " in stderr
 
 
+@pytest.mark.backend_free("imports a copy of the package without its compiled core, in a subprocess")
 def test_asking_for_the_twin_is_silent(tmp_path):
     package = _copy_package(tmp_path)
     backend, stderr = _import([package.parent], TOKCY_PURE_PYTHON="1", PYTHONWARNINGS="error")
     assert (backend, stderr) == ("python", "")
 
 
+@pytest.mark.backend_free("imports a copy of the package without its compiled core, in a subprocess")
 @pytest.mark.parametrize("command", [["-m", "tokcy", "--version"], ["-m", "tokcy", "-V"]])
 def test_version_names_the_backend_and_why_it_is_pure(tmp_path, command):
     package = _copy_package(tmp_path)

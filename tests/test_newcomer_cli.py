@@ -20,6 +20,7 @@ def test_version_prints_the_version_and_the_live_backend(backend, monkeypatch, c
     assert _backend.BACKEND == ("cython" if backend.__name__ == "tokcy._core" else "python")
 
 
+@pytest.mark.backend_free("formats the version line of a twin patched in")
 def test_version_line_names_why_the_twin_runs(monkeypatch, capsys):
     from tokcy import _backend
 
@@ -29,6 +30,7 @@ def test_version_line_names_why_the_twin_runs(monkeypatch, capsys):
     assert capsys.readouterr().out == f"tokcy {tokcy.__version__} (backend python: TOKCY_PURE_PYTHON is set)\n"
 
 
+@pytest.mark.backend_free("prints the usage text; no backend runs")
 def test_usage_mentions_version_and_the_demo_extra(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
@@ -49,6 +51,7 @@ def _without(monkeypatch, module):
     monkeypatch.setattr(builtins, "__import__", fake_import)
 
 
+@pytest.mark.backend_free("the demo stops at its missing torch before any backend runs")
 def test_demo_without_torch_is_one_line_naming_the_extra(monkeypatch, capsys):
     _without(monkeypatch, "torch")
     assert main(["demo"]) == 2
@@ -57,6 +60,7 @@ def test_demo_without_torch_is_one_line_naming_the_extra(monkeypatch, capsys):
     assert captured.err == "tokcy demo needs torch, which is not installed: pip install 'tokcy[torch]'  (or: pip install torch)\n"
 
 
+@pytest.mark.backend_free("the demo stops at its missing torch before any backend runs")
 def test_demo_help_works_without_torch_and_shows_every_default(monkeypatch, capsys):
     _without(monkeypatch, "torch")
     with pytest.raises(SystemExit) as exit_info:

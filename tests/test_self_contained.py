@@ -40,12 +40,14 @@ def references(text):
 
 
 @needs_sources
+@pytest.mark.backend_free("reads the sources as text")
 def test_nothing_refers_outside_the_repository():
     hits = [f"{name}:{number}: {line}" for name, text in scanned_files()
             for number, line in references(text)]
     assert hits == [], "references outside the repository:\n" + "\n".join(hits)
 
 
+@pytest.mark.backend_free("reads the sources as text")
 def test_the_scan_finds_what_it_looks_for():
     # worked examples: each forbidden form is found, each random seed is not
     text = "\n".join([
@@ -64,6 +66,7 @@ def test_the_scan_finds_what_it_looks_for():
 
 
 @needs_sources
+@pytest.mark.backend_free("reads the sources as text")
 def test_the_scan_covers_the_package_readme_and_docs():
     names = {name for name, _ in scanned_files()}
     assert {"README.md", "docs/index.md", "tokcy/__init__.py", "tokcy/_core.pyx", "tokcy/_core.pyi",

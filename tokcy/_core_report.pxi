@@ -6,8 +6,8 @@
 # * ReportSlot: what one request has reported so far (beam-0 tokens, blocks per group,
 #   pause count at the last report, pending connector-matched tokens). Slots live in one
 #   growable C array with a free list; a C open-addressing hash table (linear probing,
-#   backward-shift deletion) maps request id -> slot, so the batch loop never creates a
-#   Python int (or any other object) per request. Each Request remembers its slot number
+#   backward-shift deletion) maps request id -> slot (the SlotTable, _core_report_slots.pxi),
+#   so the batch loop never creates a Python int (or any other object) per request. Each Request remembers its slot number
 #   as a hint (Request._report_slot), used when that slot is live and holds the request's
 #   id (the table maps an id to one slot only, so the hint is then right), probed otherwise.
 # * build(): pass 1, with the GIL, validates the whole batch, checks every planned copy
@@ -56,7 +56,7 @@
 #   (the report shows it as at plan time), never a use-after-free.
 # * Errors: tokcy/_report_checks.py, shared with the pure twin.
 # * The per-request slot, the copy jobs and their helpers: _core_report_jobs.pxi; the
-#   fast plan and pass 2's writer: _core_report_fast.pxi.
+#   slot table: _core_report_slots.pxi; the fast plan and pass 2's writer: _core_report_fast.pxi.
 
 from cpython.list cimport PyList_GET_ITEM
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
@@ -68,14 +68,7 @@ from tokcy import _report_checks
 cdef class ReportState:
     """Per-request report state of one ``tokcy.connector.SchedulerOutputManager`` and its batch loop."""
 
-    cdef ReportSlot* slots              # CACHE_LINE-aligned, in slots_block
-    cdef void* slots_block
-    cdef Py_ssize_t slot_capacity
-    cdef Py_ssize_t num_slots_used      # slots ever handed out (high-water mark)
-    cdef Py_ssize_t free_head
-    cdef Py_ssize_t num_live
-    cdef Py_ssize_t* index              # hash table: slot number or NO_ENTRY
-    cdef Py_ssize_t index_capacity      # a power of two, kept at least twice num_live
+    cdef SlotTable table                # request id -> slot (_core_report_slots.pxi)
     cdef int64_t stamp
     cdef RowJob* rows                   # CACHE_LINE-aligned, in rows_block
     cdef void* rows_block
@@ -92,130 +85,17 @@ cdef class ReportState:
     cdef Py_ssize_t num_fast_rows       # rows the fast plan has planned so far (a counter for tests)
 
     def __cinit__(self):
-        self.free_head = NO_ENTRY
         self.fast_plan = True
         self.arena = OutputArena()
-        self._grow_index(64)
+        slot_table_init(&self.table)
 
     def __dealloc__(self):
-        cdef Py_ssize_t number
-        if self.slots != NULL:
-            for number in range(self.num_slots_used):
-                free_blocks(&self.slots[number])
-        free(self.slots_block)
-        free(self.index)
+        slot_table_free(&self.table)
         free(self.rows_block)
         free(self.segments)
         free(self.fresh)
         self._release_held()
         free(self.held)
-
-    # ------------------------------------------------------------------ hash table
-    cdef int _grow_index(self, Py_ssize_t capacity) except -1:
-        cdef Py_ssize_t* index = <Py_ssize_t*>malloc(capacity * sizeof(Py_ssize_t))
-        cdef Py_ssize_t position, number, number_position, mask = capacity - 1
-        if index == NULL:
-            raise MemoryError()
-        for position in range(capacity):
-            index[position] = NO_ENTRY
-        for position in range(self.index_capacity):
-            number = self.index[position]
-            if number != NO_ENTRY:
-                number_position = hash_request_id(self.slots[number].request_id) & mask
-                while index[number_position] != NO_ENTRY:
-                    number_position = (number_position + 1) & mask
-                index[number_position] = number
-        free(self.index)
-        self.index = index
-        self.index_capacity = capacity
-        return 0
-
-    cdef inline Py_ssize_t _probe(self, int64_t request_id) noexcept nogil:
-        """The index position holding ``request_id``, or the empty one where it would go."""
-        cdef Py_ssize_t mask = self.index_capacity - 1
-        cdef Py_ssize_t position = hash_request_id(request_id) & mask
-        cdef Py_ssize_t number
-        while True:
-            number = self.index[position]
-            if number == NO_ENTRY or self.slots[number].request_id == request_id:
-                return position
-            position = (position + 1) & mask
-
-    cdef inline Py_ssize_t _find(self, int64_t request_id) noexcept nogil:
-        return self.index[self._probe(request_id)]
-
-    cdef Py_ssize_t _insert(self, int64_t request_id) except -1:
-        """A fresh, never-reported slot for ``request_id`` (which must not be present)."""
-        cdef Py_ssize_t number
-        cdef ReportSlot* slot
-        if 2 * (self.num_live + 1) > self.index_capacity:
-            self._grow_index(2 * self.index_capacity)
-        if self.free_head != NO_ENTRY:
-            number = self.free_head
-            self.free_head = self.slots[number].blocks.next_free
-        else:
-            if self.num_slots_used == self.slot_capacity:
-                self._grow_slots()
-            number = self.num_slots_used
-            self.num_slots_used += 1
-        slot = &self.slots[number]  # it has no block counts: never had any, or freed by _remove
-        slot.group_capacity = INLINE_GROUPS
-        slot.blocks.counts[0] = slot.blocks.counts[1] = 0  # never read before written; zero all the same
-        slot.request_id = request_id
-        slot.stamp = 0
-        slot.num_tokens = 0
-        slot.num_pauses = 0
-        slot.matched = 0
-        slot.num_groups = NEVER_REPORTED
-        slot.reported = False
-        self.index[self._probe(request_id)] = number
-        self.num_live += 1
-        return number
-
-    cdef void _remove(self, int64_t request_id) noexcept:
-        cdef Py_ssize_t mask = self.index_capacity - 1
-        cdef Py_ssize_t hole = self._probe(request_id)
-        cdef Py_ssize_t number = self.index[hole]
-        cdef Py_ssize_t position = hole, home, moved
-        if number == NO_ENTRY:
-            return
-        self.index[hole] = NO_ENTRY
-        while True:  # backward-shift deletion: no tombstones, probes stay short
-            position = (position + 1) & mask
-            moved = self.index[position]
-            if moved == NO_ENTRY:
-                break
-            home = hash_request_id(self.slots[moved].request_id) & mask
-            # leave the entry if its home lies cyclically in (hole, position]
-            if (hole < position and hole < home <= position) or (
-                position < hole and (home > hole or home <= position)
-            ):
-                continue
-            self.index[hole] = moved
-            self.index[position] = NO_ENTRY
-            hole = position
-        free_blocks(&self.slots[number])  # no longer is_live()
-        self.slots[number].reported = False  # so reported implies live (the fast plan reads one)
-        self.slots[number].blocks.next_free = self.free_head
-        self.free_head = number
-        self.num_live -= 1
-
-    cdef int _grow_slots(self) except -1:
-        """Room for one more slot: a larger aligned array, the slots moved into it."""
-        cdef Py_ssize_t capacity = grown_capacity(self.slot_capacity, self.slot_capacity + 1)
-        cdef void* block = malloc(capacity * sizeof(ReportSlot) + CACHE_LINE - 1)
-        cdef ReportSlot* slots
-        debug_assert(sizeof(ReportSlot) == CACHE_LINE)  # (ReportSlot's layout)
-        if block == NULL:
-            raise MemoryError()
-        slots = <ReportSlot*>line_aligned(block)
-        if self.num_slots_used:
-            memcpy(slots, self.slots, self.num_slots_used * sizeof(ReportSlot))
-        free(self.slots_block)
-        self.slots_block = block
-        self.slots = slots
-        self.slot_capacity = capacity
-        return 0
 
     # ------------------------------------------------------------------ scratch space
     cdef int _reserve_rows(self, Py_ssize_t count) except -1:
@@ -253,7 +133,7 @@ cdef class ReportState:
         return 0
 
     cdef int _reserve_groups(self, Py_ssize_t number, Py_ssize_t num_groups) except -1:
-        cdef ReportSlot* slot = &self.slots[number]
+        cdef ReportSlot* slot = &self.table.slots[number]
         cdef Py_ssize_t* counts
         cdef Py_ssize_t group
         debug_assert(num_groups < (1 << 15))  # a Request's tables: at most 1,024 (tokcy._invariants)
@@ -335,12 +215,12 @@ cdef class ReportState:
         """The request's slot: its hint if valid, else the table's (a fresh one, undone if the
         call fails, for an id not seen yet); the hint is updated."""
         cdef Py_ssize_t number = request._report_slot
-        if 0 <= number < self.num_slots_used and is_live(&self.slots[number]) and \
-                self.slots[number].request_id == request._request_id:
+        if 0 <= number < self.table.num_slots_used and is_live(&self.table.slots[number]) and \
+                self.table.slots[number].request_id == request._request_id:
             return number
-        number = self._find(request._request_id)
+        number = slot_table_find(&self.table, request._request_id)
         if number == NO_ENTRY:
-            number = self._insert(request._request_id)
+            number = slot_table_insert(&self.table, request._request_id)
             self.fresh[num_fresh[0]] = number
             num_fresh[0] += 1
         request._report_slot = <int32_t>number if number <= INT32_MAX else -1  # a hint: none is safe
@@ -351,7 +231,7 @@ cdef class ReportState:
         """Validate one request and plan its copies (the row's job, its segments' jobs);
         changes nothing but the slot's stamp. Runs no Python code but to raise."""
         cdef Py_ssize_t group, num_groups, begin, reported, size, dirty_from
-        cdef ReportSlot* slot = &self.slots[number]
+        cdef ReportSlot* slot = &self.table.slots[number]
         cdef PyObject* tables = <PyObject*>request._block_tables  # a tuple (Request's field)
         cdef PyObject* table
         cdef PyObject* block_ids
@@ -368,7 +248,7 @@ cdef class ReportState:
             _report_checks.matched_past_position(request._request_id, slot.matched, request._context_position)
         if num_groups > slot.group_capacity:
             self._reserve_groups(number, num_groups)
-            slot = &self.slots[number]
+            slot = &self.table.slots[number]
         if total_segments[0] + num_groups > self.segment_capacity:
             self._reserve_segments(total_segments[0] + num_groups)
         job.slot = number
@@ -556,9 +436,9 @@ cdef class ReportState:
                         uncommit(self, &self.rows[index])
                 while num_fresh:
                     num_fresh -= 1
-                    self._remove(self.slots[self.fresh[num_fresh]].request_id)
+                    slot_table_remove(&self.table, self.table.slots[self.fresh[num_fresh]].request_id)
                 raise
-            # pass 2: self.slots / rows / segments cannot move (busy); without the GIL, every
+            # pass 2: the slots, rows and segments cannot move (busy); without the GIL, every
             # pointer the jobs hold is into an object owned since pass 1, and the arena's
             # arrays are referenced by the arena alone
             if release_gil:
@@ -583,29 +463,29 @@ cdef class ReportState:
             _report_checks.negative_matched(count)
         if self.busy:
             _report_checks.busy()
-        number = self._find(key)
+        number = slot_table_find(&self.table, key)
         if number == NO_ENTRY:
-            number = self._insert(key)
-        self.slots[number].matched = count
+            number = slot_table_insert(&self.table, key)
+        self.table.slots[number].matched = count
 
     def reset_request(self, request_id):
         cdef int64_t key = _tokens.as_index(request_id, "request_id")
         cdef Py_ssize_t number
         if self.busy:
             _report_checks.busy()
-        number = self._find(key)
+        number = slot_table_find(&self.table, key)
         if number != NO_ENTRY:
-            self.slots[number].reported = False
+            self.table.slots[number].reported = False
 
     def request_finished(self, request_id):
         cdef int64_t key = _tokens.as_index(request_id, "request_id")
         if self.busy:
             _report_checks.busy()
-        self._remove(key)
+        slot_table_remove(&self.table, key)
 
     @property
     def num_tracked_requests(self):
-        return self.num_live
+        return self.table.num_live
 
     @property
     def num_output_allocations(self):
@@ -629,5 +509,5 @@ cdef class ReportState:
 
     def tracked_request_ids(self):
         cdef Py_ssize_t number
-        return sorted([self.slots[number].request_id for number in range(self.num_slots_used)
-                       if is_live(&self.slots[number])])
+        return sorted([self.table.slots[number].request_id for number in range(self.table.num_slots_used)
+                       if is_live(&self.table.slots[number])])

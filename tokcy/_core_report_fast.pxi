@@ -55,10 +55,10 @@ cdef Py_ssize_t plan_fast_loop(ReportState state, list items, Py_ssize_t index, 
     """plan_fast_rows' loop, for one row kind (generation or device-token rows) and
     consuming the marks or not, each known when compiled."""
     # everything the loop reads of state in locals: its stores cannot alias them
-    cdef ReportSlot* slots = state.slots
+    cdef ReportSlot* slots = state.table.slots
     cdef RowJob* job = state.rows + totals[0]
     cdef SegmentJob* parts = state.segments + totals[2]
-    cdef size_t num_slots = <size_t>state.num_slots_used
+    cdef size_t num_slots = <size_t>state.table.num_slots_used
     cdef Py_ssize_t count = len(items), first = index
     cdef Py_ssize_t num_tokens = totals[1], num_blocks = totals[3], segment = totals[2], num_direct = totals[4]
     cdef Py_ssize_t number, size, begin, dirty, replaced, new_tokens, group, num_groups, new_blocks, planned
@@ -274,7 +274,7 @@ cdef void move_direct_rows(OutputArena arena, const DirectOutput* out, Py_ssize_
 cdef void uncommit(ReportState state, RowJob* job) noexcept:
     """Put back what the fast plan committed to a row's slot (the call failed); the
     slot is the manager's own memory, so this is safe whatever ran since."""
-    cdef ReportSlot* slot = &state.slots[job.slot]
+    cdef ReportSlot* slot = &state.table.slots[job.slot]
     cdef Py_ssize_t* slot_blocks = blocks_of(slot)
     cdef SegmentJob* part
     cdef Py_ssize_t group
@@ -345,7 +345,7 @@ cdef void write_report(
             token_offsets[row + 1] = token_offset + count
             group_offsets[row + 1] = job.first_segment + job.num_groups
             if not job.committed:  # a general row's slot is committed here (a fast row's was in pass 1)
-                slot = &state.slots[job.slot]
+                slot = &state.table.slots[job.slot]
                 slot.num_tokens = job.end
                 slot.num_pauses = job.num_pauses
                 slot.matched = 0  # used by a context row, discarded by any other
