@@ -293,6 +293,30 @@ def test_connector_goals_read_paired_rounds_when_a_row_has_them(backend):
     assert verdict(without_small, "tokcy flat in tokens") == (None, "8 x 2,048 not run")
 
 
+@pytest.mark.backend_free("the goal reads rows written by hand; no backend code runs")
+def test_within_floor_reads_each_size_s_worst_row_and_names_a_size_not_run():
+    """One verdict per size from rows written by hand: the worst tokcy/floor over the rows of
+    that size (the paired rounds' median where a row has them: 2.0x beside 2.5x, worst 2.5x:
+    PASS; 3.5x: FAIL), a size whose rows have no floor figure, and a size no row has."""
+    from tokcy.bench.goals import within_floor
+
+    def row(requests, tokcy, floor=None, floor_rounds=None):
+        values = {"tokcy": tokcy} if floor is None else {"tokcy": tokcy, "floor": floor}
+        made = Row(config={"requests": requests}, values=values)
+        if floor_rounds is not None:
+            made.floor_rounds = {"tokcy": floor_rounds}
+        return made
+
+    rows = [row(256, 2e-6, 1e-6), row(256, 9e-6, 1e-6, floor_rounds=[2.4, 2.5, 2.6]), row(1_024, 7e-6, 2e-6),
+            row(2_048, 5e-6)]
+    goals = within_floor(rows, "requests", (256, 1_024, 2_048, 4_096))
+    assert [goal.text for goal in goals] == [f"tokcy within 3x of the floor at requests = {size}"
+                                            for size in ("256", "1,024", "2,048", "4,096")]
+    assert [(goal.passed, goal.measured) for goal in goals] == [
+        (True, "2.5x the floor"), (False, "3.5x the floor"), (None, "no floor figure"),
+        (None, "requests = 4,096 not run")]
+
+
 def test_a_connector_row_pairs_each_goal_s_rounds_and_times_one_report_per_step(backend, clock, monkeypatch):
     """run_row times tokcy at the flat goal's small size beside tokcy at its large one, and
     tokcy beside tokcy+RequestData: one paired ratio per round of each (sizes shrunk here),

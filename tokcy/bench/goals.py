@@ -22,7 +22,7 @@ def within_floor(rows: list, key: str, sizes: tuple, factor: float = 3.0) -> lis
         ratios = [row.floor_ratio() for row in matching if row.floor_ratio() is not None]
         text = f"tokcy within {factor:g}x of the floor at {key} = {size:,}"
         if not ratios:
-            goals.append(Goal(text, "no floor figure" if matching else "size not run", None))
+            goals.append(Goal(text, "no floor figure" if matching else f"{key} = {size:,} not run", None))
         else:
             worst = max(ratios)
             goals.append(Goal(text, f"{format_ratio(worst)} the floor", worst <= factor))
