@@ -196,6 +196,7 @@ class AttentionMetadata:
     max_kv_len: int
     longest_table: int
     plan_serial: int
+    busy: bool  # a writer's call is using it: bind() and other writers' calls are refused meanwhile
     def __init__(self) -> None: ...
     def bind(
         self,

@@ -41,83 +41,115 @@ cdef class Int32Buffer:
     cdef Py_ssize_t _layout_pad[1]
 
     def __cinit__(self, values=None):
-        if values is None:
-            self._adopt(np.empty(0, dtype=np.int32))
-        else:
-            self.reset(values)
+        self.reset(np.empty(0, dtype=np.int32) if values is None else values)
 
-    cdef int _adopt(self, object storage) except -1:
-        cdef int32_t[::1] memory = storage
+    cdef int install(self, object storage, int32_t* data, Py_ssize_t capacity, Py_ssize_t size) except -1:
+        """Make ``storage`` (from ``_tokens.new_storage``: its ``data``, ``capacity`` and the
+        ``size`` entries written) the buffer's. Every field describes the new storage
+        before the old one and its read-only face are released: releasing them can run
+        Python code (a weakref callback), which then finds the buffer whole."""
+        retired_storage = self.storage
+        retired_readonly = self.readonly
         self.storage = storage
         self.readonly = None
-        self.capacity = memory.shape[0]
-        self.data = &memory[0] if self.capacity > 0 else NULL
+        self.data = data
+        self.capacity = capacity
+        self.size = size
         self.shared_end = 0
         return 0
 
     cdef int reset(self, object values) except -1:
         """Hold a copy of ``values`` (a validated 1-D int32 array) and nothing else, as a
         new buffer of them would: every mark and count back to a new buffer's."""
-        self._adopt(np.array(values, dtype=np.int32, copy=True))
-        self.size = self.capacity
-        self.dirty_from = 0
+        cdef const int32_t[::1] source = values
+        storage = _tokens.new_storage(source.shape[0])
+        cdef int32_t[::1] memory = storage  # Python code can run up to here, not below
+        if source.shape[0]:
+            memcpy(&memory[0], &source[0], source.shape[0] * sizeof(int32_t))
+        self.dirty_from = 0  # a new buffer's marks and counts, valid whatever the size
         self.table_dirty_from = 0
         self.table_stamp = 0
         self.num_released = 0
+        self.install(storage, &memory[0] if memory.shape[0] else NULL, memory.shape[0], memory.shape[0])
         return 0
 
     cdef int make_writable(self, Py_ssize_t start, Py_ssize_t new_size) except -1:
-        """Make positions [start, new_size) writable without changing any view."""
+        """Make positions [start, new_size) writable without changing any view.
+
+        Python code can run in here (the allocation can start a collection, releasing the
+        old storage can call a weakref callback), and that code can change this buffer. So
+        this only makes progress: a caller checks its condition again on return and calls
+        again until it holds, then writes with no Python code in between (append, extend,
+        set, fill)."""
         cdef Py_ssize_t capacity = self.capacity
-        cdef object previous
-        cdef const int32_t* previous_data
+        cdef int32_t[::1] memory
         if start < self.shared_end or new_size > capacity:
             if new_size > capacity:
                 if new_size > INT32_MAX:  # positions and lengths travel as int32
                     raise ValueError(f"a token buffer holds at most {INT32_MAX} entries")
                 capacity = grown_capacity(capacity, new_size)
-            previous = self.storage  # keeps previous_data alive through the copy
-            previous_data = self.data
-            self._adopt(np.empty(capacity, dtype=np.int32))
-            if self.size:
-                memcpy(self.data, previous_data, self.size * sizeof(int32_t))
+            storage = _tokens.new_storage(capacity)
+            memory = storage
+            # no Python code from here to install(): the buffer read now is the one copied
+            if self.size <= capacity:  # else code that ran grew it past this: the caller calls again
+                if self.size:
+                    memcpy(&memory[0], self.data, self.size * sizeof(int32_t))
+                self.install(storage, &memory[0], capacity, self.size)
+        self.mark_changed(start)
+        return 0
+
+    cdef inline void mark_changed(self, Py_ssize_t start) noexcept:
+        """Lower both readers' marks to ``start``: positions from there on were written."""
         if start < self.dirty_from:
             self.dirty_from = start
         if start < self.table_dirty_from:
             self.table_dirty_from = start
-        return 0
 
     cdef inline int append(self, int32_t value) except -1:
-        if self.size >= self.capacity or self.size < self.shared_end:
+        while self.size >= self.capacity or self.size < self.shared_end:
             self.make_writable(self.size, self.size + 1)
         self.data[self.size] = value
         self.size += 1
         return 0
 
     cdef int extend(self, const int32_t* values, Py_ssize_t count) except -1:
-        self.make_writable(self.size, self.size + count)
+        """Append ``count`` values from memory the caller owns (Python code that runs in
+        here cannot free it)."""
+        while self.size + count > self.capacity or self.size < self.shared_end:
+            self.make_writable(self.size, self.size + count)
         if count:
             memcpy(self.data + self.size, values, count * sizeof(int32_t))
         self.size += count
         return 0
 
     cdef int extend_array(self, object values) except -1:
-        """Append a validated int32 numpy array."""
+        """Append a validated int32 numpy array that tokcy made (no one else can resize it)."""
         cdef const int32_t[::1] memory = values
         if memory.shape[0]:
             self.extend(&memory[0], memory.shape[0])
         return 0
 
     cdef int set(self, Py_ssize_t position, int32_t value) except -1:
-        self.make_writable(position, self.size)
+        """Write one entry below the size (the caller checked ``position``; Python code
+        that runs here may shrink the buffer, which is checked again before the write)."""
+        while position < self.shared_end:
+            self.make_writable(position, self.size)
+        if not 0 <= position < self.size:
+            raise IndexError(f"position {position} is past the {self.size} entries left by code that ran meanwhile")
+        self.mark_changed(position)
         self.data[position] = value
         return 0
 
     cdef int fill(self, Py_ssize_t begin, Py_ssize_t end, int32_t value) except -1:
+        """Write ``value`` over [begin, end), clamped to the entries there are when it writes."""
         cdef Py_ssize_t position
         if begin < end:
-            self.make_writable(begin, self.size)
-            for position in range(begin, end):
+            while begin < self.shared_end:
+                self.make_writable(begin, self.size)
+            if begin < 0:
+                begin = 0
+            self.mark_changed(begin)
+            for position in range(begin, min(end, self.size)):
                 self.data[position] = value
         return 0
 
@@ -132,15 +164,27 @@ cdef class Int32Buffer:
             self.table_dirty_from = size
 
     cdef list tolist(self, Py_ssize_t begin, Py_ssize_t end):
-        return [self.data[position] for position in range(begin, end)]
+        """[begin, end) (clamped to the size) as a new list, as the buffer is now: making the
+        list can run Python code, so it reads the storage it holds from before that."""
+        storage = self.storage  # keeps `data` alive whatever that code does
+        cdef const int32_t* data = self.data
+        end = min(end, self.size)
+        begin = min(max(begin, 0), end)
+        return [data[position] for position in range(begin, end)]
 
     cdef object view(self, Py_ssize_t begin, Py_ssize_t end):
-        """Read-only snapshot of [begin, end), zero-copy."""
-        if end > self.shared_end:
+        """Read-only snapshot of [begin, end) (clamped to the size), zero-copy."""
+        while self.readonly is None:
+            storage = self.storage
+            readonly = np.frombuffer(memoryview(storage).toreadonly(), dtype=np.int32)
+            if self.storage is storage:  # else code that ran meanwhile replaced it: again
+                self.readonly = readonly
+        readonly = self.readonly
+        end = min(end, self.size)
+        begin = min(max(begin, 0), end)
+        if end > self.shared_end:  # with no Python code since `readonly` was read
             self.shared_end = end
-        if self.readonly is None:
-            self.readonly = np.frombuffer(memoryview(self.storage).toreadonly(), dtype=np.int32)
-        return self.readonly[begin:end]
+        return readonly[begin:end]
 
     cdef inline Py_ssize_t clamp_begin(self, Py_ssize_t begin) noexcept:
         return 0 if begin < 0 else (self.size if begin > self.size else begin)

@@ -73,6 +73,9 @@ cdef class AttentionMetadata:
     """Entries of the device block table the last call sent (each an index and a value)."""
     cdef readonly int32_t max_query_len
     cdef readonly int32_t max_kv_len
+    cdef public bint busy
+    """True while a writer's call uses it (the writer's busy guard): bind() and another
+    writer's call are refused (RuntimeError) meanwhile."""
 
     def __dealloc__(self):
         self.release()
@@ -97,6 +100,8 @@ cdef class AttentionMetadata:
         cdef int32_t* lens
         cdef int32_t* cu_lens
         cdef Py_ssize_t cap_tokens = -1, cap_seqs
+        if self.busy:
+            _checks.metadata_busy()
         if count < 1 or count > MAX_LAYER_GROUPS:
             raise ValueError(f"between 1 and {MAX_LAYER_GROUPS} layer groups, got {count}")
         if max_blocks_per_seq < 1:
@@ -110,6 +115,22 @@ cdef class AttentionMetadata:
         arrays = (kv_lens, cu_kv_seqlens, tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len),
                   None if block_table is None else tuple(block_table),
                   None if kv_indices is None else tuple(kv_indices))
+        # numpy arrays only, checked in the twin's order (same errors); then none of them
+        # can be resized while bound (the guards travel with them in _arrays)
+        _checks.check_writable_array("kv_lens", kv_lens, np.int32)
+        _checks.check_writable_array("cu_kv_seqlens", cu_kv_seqlens, np.int32)
+        for group in range(count):
+            _checks.check_writable_array("slot_mapping", arrays[2][group], np.int64)
+            _checks.check_writable_array("kv_indptr", arrays[3][group], np.int32)
+            _checks.check_writable_array("kv_last_page_len", arrays[4][group], np.int32)
+            if block_table is not None:
+                _checks.check_writable_array("block_table", arrays[5][group], np.int32, ndim=2)
+                if arrays[5][group].shape[1] != max_blocks_per_seq:
+                    raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, "
+                                     f"got {arrays[5][group].shape[1]}")
+                _checks.check_writable_array("kv_indices", arrays[6][group], np.int32)
+        arrays += (_invariants.resize_guards((kv_lens, cu_kv_seqlens) + arrays[2] + arrays[3] + arrays[4]
+                                             + (arrays[5] or ()) + (arrays[6] or ())),)
         # every pointer taken (each array checked) before anything changes: a bad array
         # leaves the writer bound to its old arrays, which it still owns
         lens = int32_pointer(kv_lens)
@@ -169,6 +190,8 @@ cdef class AttentionMetadata:
         cdef int32_t* slots
         cdef int32_t* deltas
         cdef Py_ssize_t cap_seqs
+        if self.busy:
+            _checks.metadata_busy()
         if self._arrays is None:
             raise RuntimeError("bind() the metadata arrays first")
         if rows.num_groups != count or rows.width != self.width:
@@ -177,10 +200,17 @@ cdef class AttentionMetadata:
         if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
         gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
-        slots = int32_pointer(table_slots)
+        _checks.check_writable_array("table_slots", table_slots, np.int32)  # as the twin, in its order
+        _checks.check_writable_array("delta_area", delta_area, np.int32)
         deltas = int32_pointer(delta_area)
         if <uintptr_t>deltas % 8:
             raise ValueError("delta_area must be 8-byte aligned (the changed entries' indices are int64)")
+        for name, group_arrays, dtype in zip(("gather_blocks", "gather_live", "gather_base"), gathers,
+                                             (np.int32, np.int64, np.int64)):
+            for array in group_arrays:
+                _checks.check_writable_array(name, array, dtype)
+        guards = _invariants.resize_guards((table_slots, delta_area) + gathers[0] + gathers[1] + gathers[2])
+        slots = int32_pointer(table_slots)
         cap_seqs = min(self.cap_seqs, len(table_slots))
         for group in range(count):  # every pointer taken (each array checked) before anything changes
             blocks[group] = int32_pointer(gathers[0][group])
@@ -189,7 +219,7 @@ cdef class AttentionMetadata:
             cap_seqs = min(cap_seqs, len(gathers[0][group]), len(gathers[1][group]), len(gathers[2][group]))
         self.release()
         self.rows = rows
-        self._device_arrays = (table_slots, delta_area, gathers)
+        self._device_arrays = (table_slots, delta_area, gathers, guards)
         self.table_slots = slots
         self.delta_area = deltas
         self.cap_seqs = cap_seqs

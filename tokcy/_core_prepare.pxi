@@ -87,15 +87,27 @@ cdef class InputWriter:
         free(self._seen_ids.entries)
 
     # ------------------------------------------------------------------ outputs
-    def bind(self, int32_t[::1] input_ids, int32_t[::1] position_ids, int32_t[::1] gather_ids,
-             int32_t[::1] seq_lens, int32_t[::1] num_cached_tokens, int32_t[::1] prompt_lens,
-             int32_t[::1] cu_seqlens, int64_t[::1] request_ids, int32_t[::1] draft_tokens,
-             int32_t[::1] draft_lens, int32_t[::1] device_token_slots):
-        """Write into these contiguous arrays (int32, request_ids int64) from now on."""
+    def bind(self, input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
+             request_ids, draft_tokens, draft_lens, device_token_slots):
+        """Write into these contiguous numpy arrays (int32, request_ids int64) from now on;
+        they cannot be resized while they are bound (``_invariants.resize_guards``)."""
         if self._busy:
             _checks.busy()
+        _checks.check_bind_arrays((input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
+                                   cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots))
+        guards = _invariants.resize_guards((input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens,
+                                            prompt_lens, cu_seqlens, request_ids, draft_tokens, draft_lens,
+                                            device_token_slots))
+        self._bind_views(input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
+                         request_ids, draft_tokens, draft_lens, device_token_slots, guards)
+
+    cdef int _bind_views(self, int32_t[::1] input_ids, int32_t[::1] position_ids, int32_t[::1] gather_ids,
+                         int32_t[::1] seq_lens, int32_t[::1] num_cached_tokens, int32_t[::1] prompt_lens,
+                         int32_t[::1] cu_seqlens, int64_t[::1] request_ids, int32_t[::1] draft_tokens,
+                         int32_t[::1] draft_lens, int32_t[::1] device_token_slots, tuple guards) except -1:
+        # the views and guards are owned before any pointer is kept; no Python code below
         self._arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
-                        cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots)
+                        cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots, guards)
         self._out.input_ids = &input_ids[0] if input_ids.shape[0] else NULL
         self._out.position_ids = &position_ids[0] if position_ids.shape[0] else NULL
         self._out.gather_ids = &gather_ids[0] if gather_ids.shape[0] else NULL
@@ -120,6 +132,7 @@ cdef class InputWriter:
         self._out.cap_drafts = self._cap_drafts
         self._out.cap_draft_requests = self._cap_draft_requests
         self._out.cap_device = self._cap_device
+        return 0
 
     # ------------------------------------------------------------------ scratch
     cdef int _grow(self, Py_ssize_t needed) except -1:
@@ -501,7 +514,7 @@ cdef class InputWriter:
             self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
                        max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, True)
         finally:
-            self._busy = False
+            self._leave()
         return (self._num_tokens, self._num_gather, self._num_specs + self._num_plain + self._num_padding,
                 self._num_draft_tokens, self._num_draft_requests, self._num_device)
 
@@ -576,7 +589,7 @@ cdef class InputWriter:
                 _checks.device_table_needs_prepare()
             return self._write()
         finally:
-            self._busy = False
+            self._leave()
 
     def planned_blocks(self):
         """After plan() with block sizes: (longest block table, kv_indices length per group)."""
@@ -600,12 +613,22 @@ cdef class InputWriter:
                        max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, False)
             return self._write()
         finally:
-            self._busy = False
+            self._leave()
 
     cdef int _enter(self) except -1:
         """The busy guard: taken before any caller iterable is consumed (and before any
-        Python code a batch can run), held for the whole public call."""
+        Python code a batch can run), held for the whole public call. It covers the
+        metadata too, which writers of several HostBuffers may share."""
         if self._busy:
             _checks.busy()
+        if self._metadata is not None and self._metadata.busy:
+            _checks.metadata_busy()
         self._busy = True
+        if self._metadata is not None:  # set_metadata is refused while busy: the same one at _leave
+            self._metadata.busy = True
         return 0
+
+    cdef void _leave(self) noexcept:
+        self._busy = False
+        if self._metadata is not None:
+            self._metadata.busy = False

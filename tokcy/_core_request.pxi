@@ -82,9 +82,12 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
                 raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         num_layer_groups = _invariants.check_num_layer_groups(num_layer_groups)
         # a second __init__ re-initialises everything, exactly as a new Request (both backends)
+        beams = [Int32Buffer(tokens) for _ in range(beam_width)]
+        tables = tuple(BlockTable() for _ in range(num_layer_groups))
+        retired = retire_fields(self)  # no Python code from here to the return
         self._request_id = request_id
-        self._beams = [Int32Buffer(tokens) for _ in range(beam_width)]
-        self._beam0 = self._beams[0]
+        self._beams = beams
+        self._beam0 = beams[0]
         self._beam_width = beam_width
         self._prompt_len = self._orig_prompt_len = len(tokens)
         self._max_new_tokens = NO_LIMIT if max_new_tokens is None else max_new_tokens
@@ -94,7 +97,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._state_code = 0
         self._seq_slot = NO_SLOT
         self._draft_tokens = NO_DRAFTS
-        set_block_tables(self, tuple(BlockTable() for _ in range(num_layer_groups)))
+        set_block_tables(self, tables)
         self._num_pauses = 0
 
     # ----------------------------------------------------------------- pickling, repr
@@ -123,24 +126,30 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         cdef Request self
         cdef Int32Buffer buffer
         state = _invariants.checked_request_state(state)
-        self = cls.__new__(cls)
-        self._beams = []
+        beams = []
         for tokens, dirty_from in zip(state["beams"], state["dirty_from"]):
             buffer = Int32Buffer(tokens)
             buffer.dirty_from = dirty_from
-            self._beams.append(buffer)
-        self._beam0 = self._beams[0]
-        self._beam_width = len(self._beams)
+            beams.append(buffer)
+        drafts = Int32Buffer(state["draft_tokens"]) if len(state["draft_tokens"]) else NO_DRAFTS
+        tables = tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"])
+        self = cls.__new__(cls)
+        retired = retire_fields(self)  # no Python code from here to the __dict__ update
+        self._beams = beams
+        self._beam0 = beams[0]
+        self._beam_width = len(beams)
         self._request_id = state["request_id"]
         self._prompt_len = state["prompt_len"]
         self._orig_prompt_len = state["orig_prompt_len"]
         self._max_new_tokens = NO_LIMIT if state["max_new_tokens"] is None else state["max_new_tokens"]
-        self.state = state["state"]
-        self.seq_slot = state["seq_slot"]
+        # the private fields, as the twin does: a subclass's properties are not restore paths
+        self._state = state["state"]
+        self._state_code = self._state
+        self._seq_slot = NO_SLOT if state["seq_slot"] is None else state["seq_slot"]
         self._context_position = state["context_current_position"]
         self._chunk_size = state["context_chunk_size"]
-        self._draft_tokens = Int32Buffer(state["draft_tokens"]) if len(state["draft_tokens"]) else NO_DRAFTS
-        set_block_tables(self, tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"]))
+        self._draft_tokens = drafts
+        set_block_tables(self, tables)
         self._num_pauses = state["num_pauses"]
         if state["dict"]:
             self.__dict__.update(state["dict"])
@@ -296,30 +305,38 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         All entries are checked before any beam changes.
         """
         cdef Py_ssize_t beam
-        cdef int32_t single
         cdef Int32Buffer buffer
+        cdef list beams = self._beams
+        cdef int32_t single
         tokens = checked_per_beam(self, per_beam)
-        if self._beam_width == 1:
+        if len(tokens) == 1:
             single = token_arg(tokens[0], "per_beam[0]")
-            self._beam0.append(single)
-            return self._beam0.size
-        checked = [token_arg(tokens[beam], f"per_beam[{beam}]") for beam in range(self._beam_width)]
-        for beam in range(self._beam_width):
-            buffer = <Int32Buffer>self._beams[beam]
-            buffer.append(checked[beam])
-        return self._beam0.size
+            same_beams(self, beams, "per_beam")
+            buffer = <Int32Buffer>beams[0]
+            buffer.append(single)
+            return buffer.size
+        checked = [token_arg(tokens[beam], f"per_beam[{beam}]") for beam in range(len(tokens))]
+        same_beams(self, beams, "per_beam")
+        # `beams` and `checked` have one entry per beam, and neither changes below
+        for beam in range(len(checked)):
+            buffer = <Int32Buffer>beams[beam]
+            buffer.append(<int32_t>checked[beam])
+        return (<Int32Buffer>beams[0]).size
 
     def set_generated_tokens(self, per_beam):
         """Replace everything after the prompt: beam b becomes prompt + ``per_beam[b]``."""
         cdef Int32Buffer buffer
         cdef Py_ssize_t beam
+        cdef list beams = self._beams
         arrays = [
             _tokens.as_int32_array(tokens, f"per_beam[{beam}]") for beam, tokens in
             enumerate(checked_per_beam(self, per_beam))
         ]
-        for beam in range(self._beam_width):
-            buffer = <Int32Buffer>self._beams[beam]
-            buffer.truncate(self._prompt_len)
+        same_beams(self, beams, "per_beam")
+        cdef Py_ssize_t prompt_len = self._prompt_len
+        for beam in range(len(arrays)):
+            buffer = <Int32Buffer>beams[beam]
+            buffer.truncate(prompt_len)
             buffer.extend_array(arrays[beam])
 
     def truncate(self, Py_ssize_t num_tokens, beam=None):
@@ -478,6 +495,22 @@ cdef Py_ssize_t longest_beam(Request request) noexcept:
         if buffer.size > longest:
             longest = buffer.size
     return longest
+
+
+cdef tuple retire_fields(Request request):
+    """The request's object fields, held while new ones are written: releasing the old
+    ones can run Python code (a weakref callback), which must find every field of one
+    state, so that happens when the caller drops this tuple, after its last write."""
+    return (request._beams, request._beam0, request._draft_tokens, request._block_tables, request._blocks0,
+            request._state)
+
+
+cdef inline int same_beams(Request request, list beams, str argument) except -1:
+    """RuntimeError unless ``request`` still has the beams it had before ``argument`` was
+    converted (a conversion runs the caller's code, which may re-initialise the request)."""
+    if request._beams is not beams:
+        _invariants.reinitialised_during(argument)
+    return 0
 
 
 cdef object checked_per_beam(Request request, object per_beam):

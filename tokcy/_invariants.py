@@ -7,6 +7,10 @@ is created. ``docs/invariants.md`` is the written-down list; the hot loops rely 
 re-check, at their boundary, what each copy needs.
 """
 
+import weakref
+
+import numpy as np
+
 from tokcy._state import RequestState
 from tokcy._tokens import INT32_MAX, as_index, as_int32_array
 
@@ -172,3 +176,26 @@ def no_item_deletion(obj):
     """``del table[i]``: the same TypeError on both backends."""
     raise TypeError(f"{type(obj).__name__} entries cannot be deleted: use truncate() or release_front()")
 
+
+
+def reinitialised_during(argument):
+    """The request was re-initialised (``__init__`` again, or a restore) by code that ran
+    while ``argument`` was converted: the same RuntimeError on both backends, nothing
+    written."""
+    raise RuntimeError(f"the request was re-initialised while {argument} was converted: nothing was changed")
+
+
+def resize_guards(arrays):
+    """Weak references to each numpy array in ``arrays`` (None entries skipped) and to every
+    numpy array its memory comes from (its bases): numpy refuses to resize an array that
+    has a weak reference, even with ``refcheck=False``, which otherwise frees the memory
+    under a writer's pointers whatever buffer exports are alive. Kept by the writer as
+    long as it keeps the pointers."""
+    guards = []
+    for array in arrays:
+        while isinstance(array, np.ndarray):
+            guards.append(weakref.ref(array))
+            array = array.base
+            if isinstance(array, memoryview):
+                array = array.obj
+    return tuple(guards)

@@ -4,6 +4,8 @@ The compiled core calls these only on its slow path, so a bad batch raises the s
 exception with the same message whichever backend is live. Each function raises.
 """
 
+import numpy as np
+
 from tokcy._state import RequestState
 from tokcy._tokens import INT32_MAX, as_index
 
@@ -107,6 +109,10 @@ def busy():
     raise RuntimeError("this InputWriter is in use by another thread")
 
 
+def metadata_busy():
+    raise RuntimeError("these attention-metadata outputs are in use by another call (a writer that shares them)")
+
+
 def not_planned():
     raise RuntimeError("InputWriter.write() needs a successful plan() first")
 
@@ -189,3 +195,21 @@ def device_table_needs_prepare():
 
 def metadata_replanned():
     raise RuntimeError("the attention metadata was re-bound or planned by another writer since plan(): plan again")
+
+
+def check_bind_arrays(arrays):
+    """``InputWriter.bind``'s arrays: numpy, 1-D, C-contiguous, writable; int32, and int64
+    for the eighth (request_ids)."""
+    for position, array in enumerate(arrays):
+        dtype = np.int64 if position == 7 else np.int32
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"bind() argument {position + 1} must be a numpy array, not {type(array).__name__}")
+        if array.dtype != dtype or array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
+            raise ValueError(f"bind() argument {position + 1} must be a writable contiguous 1-D {np.dtype(dtype)} array")
+
+
+def check_writable_array(name, array, dtype, ndim=1):
+    """An attention-metadata array: an ``ndim``-D, C-contiguous, writable numpy array of ``dtype``."""
+    if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == ndim
+            and array.flags.c_contiguous and array.flags.writeable):
+        raise ValueError(f"{name} must be a {ndim}-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")

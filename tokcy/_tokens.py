@@ -31,6 +31,15 @@ def as_clamped_index(value):
     return min(max(operator.index(value), SSIZE_MIN), SSIZE_MAX)
 
 
+def new_storage(capacity):
+    """A new zero-filled int32 array of ``capacity`` entries for a token buffer, which
+    nobody can resize: it views a bytearray, and numpy refuses to resize an array with a
+    base while the bytearray refuses while it is exported. (A resize would free the
+    memory under the compiled core's pointers; numpy's ``resize(refcheck=False)`` does not
+    look at buffer exports, so an array of numpy's own could be freed that way.)"""
+    return np.frombuffer(bytearray(4 * capacity), dtype=np.int32)
+
+
 def check_token(value, name):
     """Return one token id as a Python int; TypeError / OverflowError if it is not an int32."""
     if isinstance(value, (float, np.floating)) or value is None:

@@ -23,7 +23,7 @@ Three counters make it what the hot loops need:
 
 import numpy as np
 
-from tokcy._tokens import INT32_MAX
+from tokcy._tokens import INT32_MAX, new_storage
 
 MIN_CAPACITY = 16
 
@@ -44,7 +44,9 @@ class Int32Buffer:
 
     def __init__(self, values):
         """``values``: a validated 1-D int32 array; the buffer holds a copy."""
-        self.storage = np.array(values, dtype=np.int32, copy=True)
+        storage = new_storage(len(values))
+        storage[:] = values
+        self.storage = storage
         self.size = len(values)
         self.shared_end = 0
         self.dirty_from = 0
@@ -53,42 +55,59 @@ class Int32Buffer:
         self._readonly = None
 
     def _make_writable(self, start, new_size):
-        """Make positions ``[start, new_size)`` writable without changing any view."""
+        """Make positions ``[start, new_size)`` writable without changing any view.
+
+        Code that runs while the new storage is allocated (a collection's callbacks) can
+        change this buffer, so this only makes progress: a caller checks its condition
+        again on return and calls again until it holds (as the compiled twin does)."""
         capacity = len(self.storage)
         if start < self.shared_end or new_size > capacity:
             if new_size > capacity:
                 if new_size > INT32_MAX:  # positions and lengths travel as int32
                     raise ValueError(f"a token buffer holds at most {INT32_MAX} entries")
                 capacity = grown_capacity(capacity, new_size)
-            fresh = np.empty(capacity, dtype=np.int32)
-            fresh[: self.size] = self.storage[: self.size]
-            self.storage = fresh
-            self.shared_end = 0
-            self._readonly = None
+            fresh = new_storage(capacity)
+            if self.size <= capacity:  # else code that ran grew it past this: the caller calls again
+                fresh[: self.size] = self.storage[: self.size]
+                self.storage = fresh
+                self.shared_end = 0
+                self._readonly = None
+        self._mark_changed(start)
+
+    def _mark_changed(self, start):
+        """Lower both readers' marks to ``start``: positions from there on were written."""
         if start < self.dirty_from:
             self.dirty_from = start
         if start < self.table_dirty_from:
             self.table_dirty_from = start
 
     def append(self, value):
-        self._make_writable(self.size, self.size + 1)
+        while self.size >= len(self.storage) or self.size < self.shared_end:
+            self._make_writable(self.size, self.size + 1)
         self.storage[self.size] = value
         self.size += 1
 
     def extend(self, values):
+        while self.size + len(values) > len(self.storage) or self.size < self.shared_end:
+            self._make_writable(self.size, self.size + len(values))
         end = self.size + len(values)
-        self._make_writable(self.size, end)
         self.storage[self.size : end] = values
         self.size = end
 
     def set(self, position, value):
-        self._make_writable(position, self.size)
+        while position < self.shared_end:
+            self._make_writable(position, self.size)
+        if not 0 <= position < self.size:
+            raise IndexError(f"position {position} is past the {self.size} entries left by code that ran meanwhile")
+        self._mark_changed(position)
         self.storage[position] = value
 
     def fill(self, begin, end, value):
         if begin < end:
-            self._make_writable(begin, self.size)
-            self.storage[begin:end] = value
+            while begin < self.shared_end:
+                self._make_writable(begin, self.size)
+            self._mark_changed(max(begin, 0))
+            self.storage[max(begin, 0) : min(end, self.size)] = value
 
     def truncate(self, size):
         size = min(max(size, 0), self.size)  # never grows, never negative (as the compiled twin)
@@ -105,15 +124,22 @@ class Int32Buffer:
         return int(self.storage[self.size - 1])
 
     def tolist(self, begin, end):
-        return self.storage[begin:end].tolist()
+        end = min(end, self.size)
+        return self.storage[min(max(begin, 0), end) : end].tolist()
 
     def view(self, begin, end):
-        """Read-only snapshot of ``[begin, end)``, zero-copy."""
+        """Read-only snapshot of ``[begin, end)`` (clamped to the size), zero-copy."""
+        while self._readonly is None:
+            storage = self.storage
+            readonly = readonly_alias(storage)
+            if self.storage is storage:  # else code that ran meanwhile replaced it: again
+                self._readonly = readonly
+        readonly = self._readonly
+        end = min(end, self.size)
+        begin = min(max(begin, 0), end)
         if end > self.shared_end:
             self.shared_end = end
-        if self._readonly is None:
-            self._readonly = readonly_alias(self.storage)
-        return self._readonly[begin:end]
+        return readonly[begin:end]
 
     def clamp(self, begin, end):
         """The engine's clamping: b = clamp(begin, 0, n), e = clamp(end, b, n)."""

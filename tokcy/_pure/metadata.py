@@ -16,6 +16,7 @@ import itertools
 
 import numpy as np
 
+from tokcy import _invariants
 from tokcy import _prepare_checks as _checks
 
 MAX_LAYER_GROUPS = 16
@@ -56,14 +57,6 @@ class _GroupPlan:
         self.num_released = num_released
 
 
-def check_writable_array(name, array, dtype, ndim=1):
-    """Refuse what the compiled writer's typed pointers would refuse: anything but an
-    ``ndim``-D, C-contiguous, writable numpy array of ``dtype``."""
-    if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == ndim
-            and array.flags.c_contiguous and array.flags.writeable):
-        raise ValueError(f"{name} must be a {ndim}-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
-
-
 class DeviceTableRows:
     """What a device block table holds, per row (``num_groups * max_slots`` rows of
     ``width`` entries): the stamp of the table last sent into it, the entries sent and the
@@ -94,6 +87,7 @@ class AttentionMetadata:
 
     def __init__(self):
         self._arrays = None
+        self.busy = False  # a writer's call uses it (its busy guard): bind() refused meanwhile
         self._block_sizes = None
         self.has_device_table = False
         self.num_changed_entries = 0
@@ -107,6 +101,8 @@ class AttentionMetadata:
     def bind(self, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
              block_table=None, kv_indices=None):
         """Write into these arrays (see the compiled twin's docstring)."""
+        if self.busy:
+            _checks.metadata_busy()
         count = len(slot_mapping)
         if count < 1 or count > MAX_LAYER_GROUPS:
             raise ValueError(f"between 1 and {MAX_LAYER_GROUPS} layer groups, got {count}")
@@ -119,20 +115,24 @@ class AttentionMetadata:
         if block_table is not None and (len(block_table) != count or len(kv_indices) != count):
             raise ValueError("one block_table and kv_indices per layer group")
         # every array checked, in the compiled twin's order, before anything changes
-        check_writable_array("kv_lens", kv_lens, np.int32)
-        check_writable_array("cu_kv_seqlens", cu_kv_seqlens, np.int32)
+        _checks.check_writable_array("kv_lens", kv_lens, np.int32)
+        _checks.check_writable_array("cu_kv_seqlens", cu_kv_seqlens, np.int32)
         for group in range(count):
-            check_writable_array("slot_mapping", slot_mapping[group], np.int64)
-            check_writable_array("kv_indptr", kv_indptr[group], np.int32)
-            check_writable_array("kv_last_page_len", kv_last_page_len[group], np.int32)
+            _checks.check_writable_array("slot_mapping", slot_mapping[group], np.int64)
+            _checks.check_writable_array("kv_indptr", kv_indptr[group], np.int32)
+            _checks.check_writable_array("kv_last_page_len", kv_last_page_len[group], np.int32)
             if block_table is not None:
-                check_writable_array("block_table", block_table[group], np.int32, ndim=2)
+                _checks.check_writable_array("block_table", block_table[group], np.int32, ndim=2)
                 if block_table[group].shape[1] != max_blocks_per_seq:
                     raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, "
                                      f"got {block_table[group].shape[1]}")
-                check_writable_array("kv_indices", kv_indices[group], np.int32)
+                _checks.check_writable_array("kv_indices", kv_indices[group], np.int32)
         self.release()
         self.has_device_table = False  # the device table is bound to the old arrays: bind it again
+        self._device_guards = ()
+        self._guards = _invariants.resize_guards(
+            (kv_lens, cu_kv_seqlens, *slot_mapping, *kv_indptr, *kv_last_page_len, *(block_table or ()),
+             *(kv_indices or ())))  # none can be resized while bound (as the compiled twin)
         self.width = max_blocks_per_seq
         self.kv_lens, self.cu_kv_seqlens = kv_lens, cu_kv_seqlens
         self.slot_mapping, self.kv_indptr = tuple(slot_mapping), tuple(kv_indptr)
@@ -149,6 +149,8 @@ class AttentionMetadata:
 
     def bind_device_table(self, rows, table_slots, delta_area, gather_blocks, gather_live, gather_base):
         """Keep the device block table whose rows ``rows`` describes (see the compiled twin)."""
+        if self.busy:
+            _checks.metadata_busy()
         if self._arrays is None:
             raise RuntimeError("bind() the metadata arrays first")
         if not isinstance(rows, DeviceTableRows):
@@ -162,15 +164,16 @@ class AttentionMetadata:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
         gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
         # what the compiled writer's typed pointers take, checked first and in its order
-        check_writable_array("table_slots", table_slots, np.int32)
-        check_writable_array("delta_area", delta_area, np.int32)
+        _checks.check_writable_array("table_slots", table_slots, np.int32)
+        _checks.check_writable_array("delta_area", delta_area, np.int32)
         if len(delta_area) and delta_area.ctypes.data % 8:  # (an empty area is never written)
             raise ValueError("delta_area must be 8-byte aligned (the changed entries' indices are int64)")
         for name, arrays, dtype in zip(("gather_blocks", "gather_live", "gather_base"), gathers,
                                        (np.int32, np.int64, np.int64)):
             for array in arrays:
-                check_writable_array(name, array, dtype)
+                _checks.check_writable_array(name, array, dtype)
         self.release()
+        self._device_guards = _invariants.resize_guards((table_slots, delta_area, *gathers[0], *gathers[1], *gathers[2]))
         self.rows = rows
         max_slots = rows.max_slots
         self.table_slots = table_slots

@@ -11,6 +11,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from tokcy import _invariants
 from tokcy import _prepare_checks as _checks
 from tokcy._pure.metadata import AttentionMetadata
 from tokcy._pure.request import Request
@@ -47,6 +48,7 @@ class InputWriter:
 
     def __init__(self):
         self._arrays = None
+        self._guards = ()
         self._plan_state = None
         self._busy = False
         self._metadata = None
@@ -54,10 +56,20 @@ class InputWriter:
         self.tokens_copied = 0
 
     def _enter(self):
-        """The busy guard: taken before any caller iterable is consumed, held for the whole call."""
+        """The busy guard: taken before any caller iterable is consumed, held for the whole
+        call; it covers the metadata too, which writers of several HostBuffers may share."""
         if self._busy:
             _checks.busy()
+        if self._metadata is not None and self._metadata.busy:
+            _checks.metadata_busy()
         self._busy = True
+        if self._metadata is not None:  # set_metadata is refused while busy: the same one at _leave
+            self._metadata.busy = True
+
+    def _leave(self):
+        self._busy = False
+        if self._metadata is not None:
+            self._metadata.busy = False
 
     def set_metadata(self, metadata):
         """Attention-metadata outputs (None: none), filled by calls that give block sizes."""
@@ -76,12 +88,8 @@ class InputWriter:
             _checks.busy()
         arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
                   cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots)
-        for position, array in enumerate(arrays):
-            dtype = np.int64 if position == 7 else np.int32
-            if not isinstance(array, np.ndarray):
-                raise TypeError(f"bind() argument {position + 1} must be a numpy array, not {type(array).__name__}")
-            if array.dtype != dtype or array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
-                raise ValueError(f"bind() argument {position + 1} must be a writable contiguous 1-D {np.dtype(dtype)} array")
+        _checks.check_bind_arrays(arrays)
+        self._guards = _invariants.resize_guards(arrays)  # as the compiled twin: none can be resized while bound
         self._arrays = arrays
         self._cap_tokens = min(len(input_ids), len(position_ids))
         self._cap_gather = len(gather_ids)
@@ -102,7 +110,7 @@ class InputWriter:
             return self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
                               max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
         finally:
-            self._busy = False
+            self._leave()
 
     def _plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
               max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes):
@@ -240,7 +248,7 @@ class InputWriter:
                 _checks.device_table_needs_prepare()
             return self._write()
         finally:
-            self._busy = False
+            self._leave()
 
     def planned_blocks(self):
         """After plan() with block sizes: (longest block table, kv_indices length per group)."""
@@ -341,7 +349,7 @@ class InputWriter:
                        max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
             return self._write()
         finally:
-            self._busy = False
+            self._leave()
 
 
 def prepare_inputs_entry(python_prepare_inputs, host_buffers, prepared_inputs, backend_choice):

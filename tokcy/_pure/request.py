@@ -423,20 +423,29 @@ class Request:
 
         All entries are checked before any beam changes.
         """
+        beams = self._beams
         tokens = self._per_beam(per_beam)
         checked = [check_token(token, f"per_beam[{beam}]") for beam, token in enumerate(tokens)]
-        for buffer, token in zip(self._beams, checked):
+        self._same_beams(beams, "per_beam")
+        for buffer, token in zip(beams, checked):
             buffer.append(token)
-        return self._beams[0].size
+        return beams[0].size
 
     def set_generated_tokens(self, per_beam):
         """Replace everything after the prompt: beam b becomes prompt + ``per_beam[b]``."""
+        beams = self._beams
         arrays = [
             as_int32_array(tokens, f"per_beam[{beam}]") for beam, tokens in enumerate(self._per_beam(per_beam))
         ]
-        for buffer, tokens in zip(self._beams, arrays):
-            buffer.truncate(self._prompt_len)
+        self._same_beams(beams, "per_beam")
+        prompt_len = self._prompt_len
+        for buffer, tokens in zip(beams, arrays):
+            buffer.truncate(prompt_len)
             buffer.extend(tokens)
+
+    def _same_beams(self, beams, argument):
+        if self._beams is not beams:  # a conversion ran the caller's code, which re-initialised us
+            _invariants.reinitialised_during(argument)
 
     def _per_beam(self, per_beam):
         if isinstance(per_beam, (str, bytes)) or not hasattr(per_beam, "__len__"):
