@@ -35,9 +35,9 @@ def load_scenario(name: str):
     return f"{name}: skipped, {missing}" if missing else scenario
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = "python -m tokcy bench") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tokcy bench",
+        prog=prog,
         description="Time tokcy against the patterns it replaces (TensorRT-LLM's 'before' and 'after' code of "
         "pull requests #16791 and #22092, "
         "a numpy-vectorised baseline, Python lists) on this machine, and print one table per scenario.",
@@ -65,8 +65,8 @@ def progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def main(argv=None) -> int:
-    args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+def main(argv=None, prog: str = "python -m tokcy bench") -> int:
+    args = parser(prog).parse_args(sys.argv[1:] if argv is None else list(argv))
     import tokcy
 
     if args.backend is None:
