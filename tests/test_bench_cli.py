@@ -413,3 +413,44 @@ def test_the_executor_s_flat_goal_pairs_a_short_batch_beside_the_long_one(backen
     assert flat_verdict([long]) == (None, "L = 32 not run")
     assert flat_verdict([short]) == (None, "L = 96 not run")
     assert flat_verdict([]) == (None, "L = 32 and L = 96 not run")
+
+
+def test_the_bench_runs_torch_on_the_threads_it_reports(backend, capsys, tmp_path, monkeypatch):
+    """torch's intra-op threads during a run: 1 by default, N with --torch-threads N; the
+    header and the JSON say which, and the count before the run is restored after it."""
+    torch = pytest.importorskip("torch")
+    from tokcy.bench import accessors, machine
+
+    seen = []
+    real_run = accessors.SCENARIO.run
+
+    def recording_run(*args):
+        seen.append(torch.get_num_threads())
+        return real_run(*args)
+
+    monkeypatch.setattr(accessors.SCENARIO, "run", recording_run)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for argv, threads in (((), machine.TORCH_THREADS), (("--torch-threads", "3"), 3)):
+            seen.clear()
+            path = tmp_path / "bench.json"
+            code, out, err = run_cli(capsys, "--smoke", "--backend", name_of(backend), "--scenario", "accessors",
+                                     "--json", str(path), *argv)
+            assert code == 0, err
+            assert seen and set(seen) == {threads}
+            plural = "" if threads == 1 else "s"
+            assert f"torch:   {torch.__version__.split('+')[0]}" in out
+            assert f", {threads} intra-op thread{plural} (--torch-threads)" in out
+            assert json.loads(path.read_text())["machine"]["torch_threads"] == threads
+            assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.backend_free("argument parsing only; no backend runs")
+def test_torch_threads_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parser().parse_args(["--torch-threads", "0"])
+    assert exit_info.value.code == 2
+    assert "--torch-threads: must be at least 1, not 0" in capsys.readouterr().err

@@ -4,7 +4,8 @@ Prints one table per scenario and backend: each configuration, the median time o
 implementation (median of round medians, see ``tokcy.bench.timing``) with its spread over
 the rounds, tokcy's speed-up over each baseline and its ratio to the plain-C floor, figures
 quoted from elsewhere in a section of their own, and each goal with its verdict, measured
-in the same run. Progress goes to stderr, tables to stdout.
+in the same run. Progress goes to stderr, tables to stdout. torch, when installed, runs on
+one intra-op thread during the run (``--torch-threads``; see ``machine.TORCH_THREADS``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def load_scenario(name: str):
     return f"{name}: skipped, {missing}" if missing else scenario
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def parser(prog: str = "python -m tokcy bench") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
@@ -55,6 +63,9 @@ def parser(prog: str = "python -m tokcy bench") -> argparse.ArgumentParser:
                    help="which tokcy backend to time (default: the live one, tokcy.BACKEND)")
     p.add_argument("--scenario", action="append", choices=SCENARIOS + ON_REQUEST, metavar="NAME",
                    help=f"run only this scenario (repeatable): {', '.join(SCENARIOS + ON_REQUEST)}")
+    p.add_argument("--torch-threads", type=positive_int, default=machine.TORCH_THREADS, metavar="N",
+                   help=f"torch's intra-op threads during the run (default: {machine.TORCH_THREADS}, as an engine's "
+                   "host path runs small tensor ops; torch's own default is one per core)")
     p.add_argument("--json", metavar="PATH", help="write the raw figures (every round median) as JSON")
     p.add_argument("--plot", metavar="PATH",
                    help="draw host time per iteration against sequence length, log axes (needs matplotlib)")
@@ -67,6 +78,12 @@ def progress(text: str) -> None:
 
 def main(argv=None, prog: str = "python -m tokcy bench") -> int:
     args = parser(prog).parse_args(sys.argv[1:] if argv is None else list(argv))
+    with machine.torch_threads(args.torch_threads) as threads:
+        return run(args, threads)
+
+
+def run(args, torch_threads) -> int:
+    """The run ``args`` asks for, torch (if installed) set to ``torch_threads`` threads."""
     import tokcy
 
     if args.backend is None:
@@ -96,6 +113,7 @@ def main(argv=None, prog: str = "python -m tokcy bench") -> int:
 
         plan = Plan(warmup=1, rounds=1, per_round=1, budget_s=0.01, min_rounds=1, min_sample_s=1e-6)
     info = machine.describe()
+    info["torch_threads"] = torch_threads
     print(report.header(info, wanted, level, plan), flush=True)
     print(floor.describe(), flush=True)
 
