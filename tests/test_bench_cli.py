@@ -454,3 +454,19 @@ def test_torch_threads_must_be_positive(capsys):
         cli.parser().parse_args(["--torch-threads", "0"])
     assert exit_info.value.code == 2
     assert "--torch-threads: must be at least 1, not 0" in capsys.readouterr().err
+
+
+def test_a_scenario_without_torch_is_skipped_once_with_the_fix(backend, capsys, monkeypatch):
+    """A scenario whose extra is missing: one line in the report on stdout (none on stderr)
+    that names the install command; the header says torch is not installed."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # "import torch" fails, as without the extra
+    code, out, err = run_cli(capsys, "--smoke", "--backend", name_of(backend), "--scenario", "attention",
+                             "--scenario", "accessors")
+    assert code == 0, err
+    (line,) = [line for line in out.splitlines() if "attention: skipped" in line]
+    assert line.startswith("== attention: skipped, torch is not available (")
+    assert line.endswith("); install torch: pip install -e '.[torch]'")
+    assert "skipped" not in err
+    assert "torch:   not installed" in out

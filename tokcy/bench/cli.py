@@ -62,7 +62,8 @@ def parser(prog: str = "python -m tokcy bench") -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("cython", "python", "both"), default=None,
                    help="which tokcy backend to time (default: the live one, tokcy.BACKEND)")
     p.add_argument("--scenario", action="append", choices=SCENARIOS + ON_REQUEST, metavar="NAME",
-                   help=f"run only this scenario (repeatable): {', '.join(SCENARIOS + ON_REQUEST)}")
+                   help=f"run only this scenario (repeatable): {', '.join(SCENARIOS + ON_REQUEST)}; without it, "
+                   f"every one but {', '.join(ON_REQUEST)}, which runs only when named (--scenario soak)")
     p.add_argument("--torch-threads", type=positive_int, default=machine.TORCH_THREADS, metavar="N",
                    help=f"torch's intra-op threads during the run (default: {machine.TORCH_THREADS}, as an engine's "
                    "host path runs small tensor ops; torch's own default is one per core)")
@@ -121,8 +122,7 @@ def run(args, torch_threads) -> int:
     for name in args.scenario or SCENARIOS:
         loaded = load_scenario(name)
         if isinstance(loaded, str):
-            progress(f"tokcy bench: {loaded}")
-            print(f"\n== {loaded}")
+            print(f"\n== {loaded}")  # once, in the report (not again in the progress on stderr)
         else:
             scenarios.append(loaded)
     jobs = [(scenario, backend, config) for backend in wanted for scenario in scenarios for config in scenario.configs(level)]

@@ -6,6 +6,8 @@ import statistics
 from dataclasses import dataclass, field
 
 LEVELS = ("smoke", "quick", "default", "full")  # "smoke": tiny sizes, for the test suite only
+# how to install a module a scenario needs, said with the scenario's skip
+INSTALL = {"torch": "install torch: pip install -e '.[torch]'"}
 
 
 @dataclass
@@ -117,7 +119,8 @@ class Scenario:
             try:
                 importlib.import_module(module)
             except ImportError as error:
-                return f"{module} is not available ({error})"
+                fix = INSTALL.get(module.partition(".")[0])
+                return f"{module} is not available ({error})" + (f"; {fix}" if fix else "")
         return None
 
     def configs(self, level: str) -> list:
