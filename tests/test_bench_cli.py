@@ -470,3 +470,87 @@ def test_a_scenario_without_torch_is_skipped_once_with_the_fix(backend, capsys, 
     assert line.endswith("); install torch: pip install -e '.[torch]'")
     assert "skipped" not in err
     assert "torch:   not installed" in out
+
+
+def _attention_rows(flat_paired=True, long_bytes=23_760):
+    """Three attention rows written by hand (block 16): L = 2,048 and 131,072 with one group,
+    131,072 with two."""
+    from tokcy.bench import attention
+
+    short = Row(config={"seq_len": 2_048, "block_size": 16, "groups": 1},
+                values={"tokcy": 10e-6, "prepare_inputs": 5e-6, "preparer": 6e-6, "small_engine": 1e-3,
+                        "vllm": 100e-6},
+                paired_rounds={attention.PREPARE_PAIR: [1.2, 1.4, 1.3], attention.TABLES_PAIR: [2.0, 1.6, 1.8]},
+                counts={attention.BYTES: 23_760})
+    long = Row(config={"seq_len": 131_072, "block_size": 16, "groups": 1},
+               values={"tokcy": 15e-6, "prepare_inputs": 5e-6, "preparer": 6e-6, "small_engine": 0.375,
+                       "vllm": 90e-6},
+               paired_rounds={attention.PREPARE_PAIR: [1.4, 1.45, 1.5], attention.TABLES_PAIR: [2.5]},
+               counts={attention.BYTES: long_bytes})
+    if flat_paired:
+        long.paired_rounds[attention.FLAT_PAIR] = [1.1, 1.2, 1.3]
+    groups = Row(config={"seq_len": 131_072, "block_size": 16, "groups": 2},
+                 values={"tokcy": 20e-6, "prepare_inputs": 5e-6, "preparer": 6e-6, "small_engine": 0.5,
+                         "vllm": 90e-6},
+                 counts={attention.BYTES: 30_000})
+    return [short, long, groups]
+
+
+def test_attention_goals_from_worked_rows(backend):
+    """The attention scenario's verdicts on rows written by hand: tokcy / prepare_inputs per
+    row (the paired rounds' median where a row has them: 1.3x and 1.45x; the two-group row has
+    none, so its medians' 20 us / 5 us = 4.00x is the worst: FAIL); at L = 131,072 block 16
+    the lowest speed-up over vllm (90 / 15 = 6.0x, 90 / 20 = 4.5x: FAIL) and over small_engine
+    (25000x: PASS); flat in L from the paired rounds (1.20x: PASS) or, without them, the
+    medians (1.50x: FAIL); the bytes per step compared at each block size and group count run
+    at two L (equal: PASS; unequal: FAIL); the host tables' share of a numpy copy's bandwidth
+    (1 / 2.5 = 0.40: FAIL). The pure twin's table carries none of them."""
+    from tokcy.bench.attention import SCENARIO
+
+    def verdicts(rows):
+        return [(goal.passed, goal.measured) for goal in SCENARIO.goals(rows, "cython")]
+
+    assert verdicts(_attention_rows()) == [
+        (False, "worst 4.00x, at L = 131,072, block 16, 2 groups"),
+        (False, "lowest 4.5x"),
+        (True, "lowest 25000x"),
+        (True, "1.20x"),
+        (True, "23,760 B at L = 2,048, 131,072 (block 16, 1 group)"),
+        (False, "lowest 0.40, at L = 131,072, block 16, 1 group"),
+    ]
+    one_group = _attention_rows()[:2]
+    assert verdicts(one_group)[:3] == [(True, "worst 1.45x, at L = 131,072, block 16, 1 group"),
+                                       (True, "lowest 6.0x"), (True, "lowest 25000x")]
+    assert verdicts(_attention_rows(flat_paired=False))[3] == (False, "1.50x")
+    assert verdicts(_attention_rows(long_bytes=24_000))[4] == (
+        False, "23,760 B at L = 2,048, 24,000 B at L = 131,072 (block 16, 1 group)")
+    assert verdicts([]) == [
+        (None, "not run"), (None, "not run"), (None, "not run"), (None, "L = 2,048 and L = 131,072 not run"),
+        (None, "no block size and group count run at two L"), (None, "not run")]
+    assert SCENARIO.goals(_attention_rows(), "python") == []
+    assert report.goal_summary([(SCENARIO, "cython", _attention_rows())]) == \
+        "goals: 3 PASS, 3 FAIL (each under its table)"
+
+
+def test_an_attention_row_pairs_its_goals_rounds(backend, monkeypatch):
+    """run() times prepare_inputs beside tokcy and the numpy copy beside the host tables on
+    every row, and tokcy on a world of the flat goal's short L beside the long row's (sizes
+    shrunk here); it counts the bytes a step sends. Nothing timed is asserted. The pure
+    twin's rows time no flat pair (its goals read none)."""
+    pytest.importorskip("torch")
+    from tokcy.bench import attention
+    from tokcy.bench.timing import Plan
+
+    monkeypatch.setattr(attention, "LONG", 96)
+    monkeypatch.setattr(attention, "SHORT", 32)
+    plan = Plan(warmup=1, rounds=2, per_round=1, min_sample_s=1e-6)
+    row = attention.SCENARIO.run({"seq_len": 96, "block_size": 16, "groups": 1}, backend, plan)
+    expected = {attention.PREPARE_PAIR, attention.TABLES_PAIR}
+    if name_of(backend) == "cython":
+        expected.add(attention.FLAT_PAIR)
+    assert set(row.paired_rounds) == expected
+    assert all(len(ratios) == 2 for ratios in row.paired_rounds.values())
+    assert list(row.values) == list(attention.SCENARIO.implementations)
+    assert row.counts[attention.BYTES] > 0
+    other = attention.SCENARIO.run({"seq_len": 32, "block_size": 16, "groups": 1}, backend, plan)
+    assert set(other.paired_rounds) == {attention.PREPARE_PAIR, attention.TABLES_PAIR}

@@ -23,6 +23,8 @@ class Row:
     floor_rounds: dict = field(default_factory=dict)
     # "name / other" -> name's round medians over other's, each of other's rounds timed right after
     paired_rounds: dict = field(default_factory=dict)
+    # figures counted, not timed (the bytes a step sends host-to-device): name -> number
+    counts: dict = field(default_factory=dict)
 
     def ratios(self, tokcy_name: str = "tokcy") -> dict:
         """baseline / tokcy for every baseline (tokcy's speed-up or saving); the floor and
@@ -60,6 +62,7 @@ class Row:
             "tokcy_over_floor": self.floor_ratio(),
             "floor_rounds": self.floor_rounds,
             "paired_rounds": self.paired_rounds,
+            "counts": self.counts,
             "timings": self.timings,
             "reference": self.reference,
             "note": self.note,
