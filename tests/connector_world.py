@@ -11,8 +11,9 @@ discards them), generation requests reported as device-token rows, requests skip
 an iteration, finishing and id reuse.
 After every report it applies the report to a ``Mirror`` built only from reports and
 asserts the mirror equals each reported request's real beam-0 tokens and block tables,
-the computed position and scheduled tokens are as DESIGN.md says, and the manager tracks
-exactly the live requests. It returns a transcript of the reports, for differential
+the computed position and scheduled tokens follow the connector's rules in
+docs/connector.md ("Computed position", "Scheduled tokens"), and the manager tracks exactly
+the live requests. It returns a transcript of the reports, for differential
 comparisons between backends.
 """
 

@@ -1,6 +1,7 @@
 """Helpers for the executor tests: random batch descriptions and a naive reference.
 
-The reference is written the way the seeds' "before" code was: per request, Python lists
+The reference is written the way an engine without tokcy does it (TensorRT-LLM's code
+before pull request #16791): per request, Python lists
 built from ``get_tokens(0)`` (the whole sequence), sliced, then concatenated. It uses
 only the public ``Request`` API and nothing from ``tokcy.executor``.
 """

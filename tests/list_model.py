@@ -1,8 +1,9 @@
 """An independent model of ``Request`` and ``BlockTable`` made of plain Python lists.
 
-Written from DESIGN.md ("The token buffer and ``Request``") and the rules of issue 2, not
+Written from the documented behaviour (docs/request.md: the accessor table, chunked
+prefill, draft tokens, block tables; docs/threads-and-errors.md: the exception types), not
 from either backend: it imports nothing from tokcy. Every beam is a plain list; a view is
-a tuple copied when it is taken. Exceptions have the types the design prescribes; the
+a tuple copied when it is taken. Exceptions have the types those pages give; the
 model validates every argument before it changes anything, so a failing call leaves it
 as it was. Messages are not modelled (the differential test compares them between the
 two backends instead).

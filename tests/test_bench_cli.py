@@ -413,3 +413,144 @@ def test_the_executor_s_flat_goal_pairs_a_short_batch_beside_the_long_one(backen
     assert flat_verdict([long]) == (None, "L = 32 not run")
     assert flat_verdict([short]) == (None, "L = 96 not run")
     assert flat_verdict([]) == (None, "L = 32 and L = 96 not run")
+
+
+def test_the_bench_runs_torch_on_the_threads_it_reports(backend, capsys, tmp_path, monkeypatch):
+    """torch's intra-op threads during a run: 1 by default, N with --torch-threads N; the
+    header and the JSON say which, and the count before the run is restored after it."""
+    torch = pytest.importorskip("torch")
+    from tokcy.bench import accessors, machine
+
+    seen = []
+    real_run = accessors.SCENARIO.run
+
+    def recording_run(*args):
+        seen.append(torch.get_num_threads())
+        return real_run(*args)
+
+    monkeypatch.setattr(accessors.SCENARIO, "run", recording_run)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for argv, threads in (((), machine.TORCH_THREADS), (("--torch-threads", "3"), 3)):
+            seen.clear()
+            path = tmp_path / "bench.json"
+            code, out, err = run_cli(capsys, "--smoke", "--backend", name_of(backend), "--scenario", "accessors",
+                                     "--json", str(path), *argv)
+            assert code == 0, err
+            assert seen and set(seen) == {threads}
+            plural = "" if threads == 1 else "s"
+            assert f"torch:   {torch.__version__.split('+')[0]}" in out
+            assert f", {threads} intra-op thread{plural} (--torch-threads)" in out
+            assert json.loads(path.read_text())["machine"]["torch_threads"] == threads
+            assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.backend_free("argument parsing only; no backend runs")
+def test_torch_threads_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parser().parse_args(["--torch-threads", "0"])
+    assert exit_info.value.code == 2
+    assert "--torch-threads: must be at least 1, not 0" in capsys.readouterr().err
+
+
+def test_a_scenario_without_torch_is_skipped_once_with_the_fix(backend, capsys, monkeypatch):
+    """A scenario whose extra is missing: one line in the report on stdout (none on stderr)
+    that names the install command; the header says torch is not installed."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # "import torch" fails, as without the extra
+    code, out, err = run_cli(capsys, "--smoke", "--backend", name_of(backend), "--scenario", "attention",
+                             "--scenario", "accessors")
+    assert code == 0, err
+    (line,) = [line for line in out.splitlines() if "attention: skipped" in line]
+    assert line.startswith("== attention: skipped, torch is not available (")
+    assert line.endswith("); install torch: pip install -e '.[torch]'")
+    assert "skipped" not in err
+    assert "torch:   not installed" in out
+
+
+def _attention_rows(flat_paired=True, long_bytes=23_760):
+    """Three attention rows written by hand (block 16): L = 2,048 and 131,072 with one group,
+    131,072 with two."""
+    from tokcy.bench import attention
+
+    short = Row(config={"seq_len": 2_048, "block_size": 16, "groups": 1},
+                values={"tokcy": 10e-6, "prepare_inputs": 5e-6, "preparer": 6e-6, "small_engine": 1e-3,
+                        "vllm": 100e-6},
+                paired_rounds={attention.PREPARE_PAIR: [1.2, 1.4, 1.3], attention.TABLES_PAIR: [2.0, 1.6, 1.8]},
+                counts={attention.BYTES: 23_760})
+    long = Row(config={"seq_len": 131_072, "block_size": 16, "groups": 1},
+               values={"tokcy": 15e-6, "prepare_inputs": 5e-6, "preparer": 6e-6, "small_engine": 0.375,
+                       "vllm": 90e-6},
+               paired_rounds={attention.PREPARE_PAIR: [1.4, 1.45, 1.5], attention.TABLES_PAIR: [2.5]},
+               counts={attention.BYTES: long_bytes})
+    if flat_paired:
+        long.paired_rounds[attention.FLAT_PAIR] = [1.1, 1.2, 1.3]
+    groups = Row(config={"seq_len": 131_072, "block_size": 16, "groups": 2},
+                 values={"tokcy": 20e-6, "prepare_inputs": 5e-6, "preparer": 6e-6, "small_engine": 0.5,
+                         "vllm": 90e-6},
+                 counts={attention.BYTES: 30_000})
+    return [short, long, groups]
+
+
+def test_attention_goals_from_worked_rows(backend):
+    """The attention scenario's verdicts on rows written by hand: tokcy / prepare_inputs per
+    row (the paired rounds' median where a row has them: 1.3x and 1.45x; the two-group row has
+    none, so its medians' 20 us / 5 us = 4.00x is the worst: FAIL); at L = 131,072 block 16
+    the lowest speed-up over vllm (90 / 15 = 6.0x, 90 / 20 = 4.5x: FAIL) and over small_engine
+    (25000x: PASS); flat in L from the paired rounds (1.20x: PASS) or, without them, the
+    medians (1.50x: FAIL); the bytes per step compared at each block size and group count run
+    at two L (equal: PASS; unequal: FAIL); the host tables' share of a numpy copy's bandwidth
+    (1 / 2.5 = 0.40: FAIL). The pure twin's table carries none of them."""
+    from tokcy.bench.attention import SCENARIO
+
+    def verdicts(rows):
+        return [(goal.passed, goal.measured) for goal in SCENARIO.goals(rows, "cython")]
+
+    assert verdicts(_attention_rows()) == [
+        (False, "worst 4.00x, at L = 131,072, block 16, 2 groups"),
+        (False, "lowest 4.5x"),
+        (True, "lowest 25000x"),
+        (True, "1.20x"),
+        (True, "23,760 B at L = 2,048, 131,072 (block 16, 1 group)"),
+        (False, "lowest 0.40, at L = 131,072, block 16, 1 group"),
+    ]
+    one_group = _attention_rows()[:2]
+    assert verdicts(one_group)[:3] == [(True, "worst 1.45x, at L = 131,072, block 16, 1 group"),
+                                       (True, "lowest 6.0x"), (True, "lowest 25000x")]
+    assert verdicts(_attention_rows(flat_paired=False))[3] == (False, "1.50x")
+    assert verdicts(_attention_rows(long_bytes=24_000))[4] == (
+        False, "23,760 B at L = 2,048, 24,000 B at L = 131,072 (block 16, 1 group)")
+    assert verdicts([]) == [
+        (None, "not run"), (None, "not run"), (None, "not run"), (None, "L = 2,048 and L = 131,072 not run"),
+        (None, "no block size and group count run at two L"), (None, "not run")]
+    assert SCENARIO.goals(_attention_rows(), "python") == []
+    assert report.goal_summary([(SCENARIO, "cython", _attention_rows())]) == \
+        "goals: 3 PASS, 3 FAIL (each under its table)"
+
+
+def test_an_attention_row_pairs_its_goals_rounds(backend, monkeypatch):
+    """run() times prepare_inputs beside tokcy and the numpy copy beside the host tables on
+    every row, and tokcy on a world of the flat goal's short L beside the long row's (sizes
+    shrunk here); it counts the bytes a step sends. Nothing timed is asserted. The pure
+    twin's rows time no flat pair (its goals read none)."""
+    pytest.importorskip("torch")
+    from tokcy.bench import attention
+    from tokcy.bench.timing import Plan
+
+    monkeypatch.setattr(attention, "LONG", 96)
+    monkeypatch.setattr(attention, "SHORT", 32)
+    plan = Plan(warmup=1, rounds=2, per_round=1, min_sample_s=1e-6)
+    row = attention.SCENARIO.run({"seq_len": 96, "block_size": 16, "groups": 1}, backend, plan)
+    expected = {attention.PREPARE_PAIR, attention.TABLES_PAIR}
+    if name_of(backend) == "cython":
+        expected.add(attention.FLAT_PAIR)
+    assert set(row.paired_rounds) == expected
+    assert all(len(ratios) == 2 for ratios in row.paired_rounds.values())
+    assert list(row.values) == list(attention.SCENARIO.implementations)
+    assert row.counts[attention.BYTES] > 0
+    other = attention.SCENARIO.run({"seq_len": 32, "block_size": 16, "groups": 1}, backend, plan)
+    assert set(other.paired_rounds) == {attention.PREPARE_PAIR, attention.TABLES_PAIR}

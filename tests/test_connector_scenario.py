@@ -1,4 +1,10 @@
-"""The seed's scenario (003_4dcae7e0a3c46b11), exact, and the rules of DESIGN.md "Hot loop 2"."""
+"""One request's reports, exact, step by step, and the connector's rules in docs/connector.md.
+
+The worked scenario: a 64-token prompt reported whole, then decode steps of 1, 0 and 3 new
+tokens and a truncation, each token copied into a report exactly once; then the rules one
+at a time (shrink and rewrite, sliding-window releases, matched tokens, device-token rows,
+pause and reset, finished requests, the columns).
+"""
 
 import numpy as np
 import pytest
@@ -22,7 +28,7 @@ def only(output):
     return rows[0]
 
 
-def test_seed_scenario_copies_each_token_once(backend):
+def test_one_request_s_reports_copy_each_token_once(backend):
     manager = SchedulerOutputManager()
     request = decode_request(backend)
     carried = 0
@@ -77,7 +83,9 @@ def test_seed_scenario_copies_each_token_once(backend):
 
 
 def test_shrink_then_regrowth_between_reports_is_reported(backend):
-    """The hole in the seed's engine: a token rewritten at an already-reported position."""
+    """A token rewritten at an already-reported position (shrink, then regrowth past the
+    reported length): a report that only sent the tokens past the last reported length would
+    miss it."""
     manager = SchedulerOutputManager()
     request = decode_request(backend)
     request.state = RequestState.GENERATION_IN_PROGRESS

@@ -2,8 +2,8 @@
 
 The blocks of one page run in order in one namespace (a page builds its example up), so a
 page is one test. A page whose blocks need torch is skipped, with the reason, without it.
-The documentation names no file outside the repository and none of the documents or
-tickets the project grew from.
+(That the pages name nothing outside the repository is checked with the package, the
+tests and the asv benchmarks, in test_self_contained.py.)
 """
 
 import importlib.util
@@ -38,16 +38,6 @@ def test_python_blocks_run_as_written(backend, page, capsys):
     for number, block in enumerate(blocks, 1):
         code = compile(block, f"{page.name}, python block {number}", "exec")
         exec(code, namespace)  # noqa: S102  (the documentation's own examples)
-
-
-OUTSIDE = re.compile(r"\.\./shared|DESIGN\.md|seeds/|\bthe seeds?\b|\bseed's|\bseed \d+|\bissues? #?\d+", re.IGNORECASE)
-
-
-@pytest.mark.backend_free("reads the docs as text")
-@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
-def test_pages_name_nothing_outside_the_repository(page):
-    hits = [line for line in page.read_text(encoding="utf-8").splitlines() if OUTSIDE.search(line)]
-    assert hits == []
 
 
 @pytest.mark.backend_free("reads the docs as text")

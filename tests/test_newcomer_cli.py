@@ -72,11 +72,62 @@ def test_demo_help_works_without_torch_and_shows_every_default(monkeypatch, caps
         if action.dest != "help":
             assert action.help, action.dest
     help_text = " ".join(capsys.readouterr().out.split())
-    for expected in ("(default: 32)", "(default: (16, 512))", "(default: 160)", "(default: 16)", "(default: cpu)",
-                     "(default: (1, 2, 4, 8, 16))", "--check, --no-check"):
+    for expected in ("(default: 32)", "[MIN, MAX] (default: 16 512)", "(default: 160)", "(default: 16)",
+                     "(default: cpu)", "(default: 1 2 4 8 16)", "speculative decoding (default: on)",
+                     "(default: off)",
+                     "--check, --no-check"):
         assert expected in help_text
+    # each option states its default once: none for the options without one, none added to a
+    # help text that already says it
+    assert "(default: None)" not in help_text and "(default: (" not in help_text
+    formatter = _parser().formatter_class("demo")
+    helps = {action.dest: formatter._get_help_string(action) for action in _parser()._actions}
+    assert all(text.count("default") <= 1 for text in helps.values()), helps
+    assert "(default: on for the built-in model" in helps["check"] and "float32 (default)" in helps["dtype"]
+    assert "default" not in helps["model"] and "default" not in helps["prompt"]
 
 
 def test_the_typed_user_script_runs(backend):
     namespace = runpy.run_path(str(__import__("pathlib").Path(__file__).parent / "typing" / "user_script.py"))
     assert namespace["main"]() == [8, 9]  # prompt [5, 6, 7]: the toy model returns last token + 1, twice
+
+
+@pytest.mark.parametrize("argv0, prog", [
+    ("/venv/bin/tokcy", "tokcy"), ("C:\\venv\\Scripts\\tokcy.exe", "tokcy"), ("tokcy-script.py", "tokcy"),
+    ("/src/tokcy/__main__.py", "python -m tokcy"), ("-c", "python -m tokcy"), ("", "python -m tokcy"),
+])
+@pytest.mark.backend_free("names the program from argv[0]; no backend runs")
+def test_program_name_is_how_tokcy_was_started(argv0, prog):
+    from tokcy.__main__ import program_name
+
+    assert program_name(argv0) == prog
+
+
+def _console_script():
+    import pathlib
+    import shutil
+
+    beside = pathlib.Path(sys.executable).with_name("tokcy")
+    return str(beside) if beside.exists() else shutil.which("tokcy")
+
+
+@pytest.mark.parametrize("command", [(), ("bench",), ("demo",)], ids=["top", "bench", "demo"])
+def test_usage_names_the_command_that_was_typed(backend, command):
+    """``tokcy --help`` (the console script) shows "usage: tokcy ...", ``python -m tokcy --help``
+    shows "usage: python -m tokcy ...", for the subcommands too; run on the backend under test."""
+    import os
+    import subprocess
+
+    env = dict(os.environ)
+    env.pop("TOKCY_PURE_PYTHON", None)
+    if backend.__name__ != "tokcy._core":
+        env["TOKCY_PURE_PYTHON"] = "1"
+    launchers = [([sys.executable, "-m", "tokcy"], "python -m tokcy")]
+    script = _console_script()
+    if script is None:
+        pytest.skip("the tokcy console script is not installed beside this Python")
+    launchers.append(([script], "tokcy"))
+    for launcher, prog in launchers:
+        done = subprocess.run([*launcher, *command, "--help"], capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(" ".join(["usage:", prog, *command]) + " "), done.stdout[:200]

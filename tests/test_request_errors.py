@@ -191,8 +191,9 @@ def test_add_new_tokens_bad_per_beam(backend, per_beam, exc):
 
 
 def test_add_new_tokens_2d_array_is_rejected(backend):
-    # The issue asks for ValueError on 2-D arrays; per_beam takes one scalar per beam, so
-    # a (beam_width, 1) array is accepted as neither. Only "rejected cleanly" is asserted.
+    # per_beam takes one scalar per beam, so a (beam_width, 1) array is not a valid
+    # per_beam, though each of its rows holds one token. The backends may call that a
+    # TypeError or a ValueError; only "rejected cleanly, naming per_beam" is asserted.
     r = make_request(backend)
     before = observe(r)
     with pytest.raises((TypeError, ValueError)) as info:

@@ -1,4 +1,4 @@
-"""Exact small worked examples for every row of DESIGN.md's accessor table.
+"""Exact small worked examples for every row of the accessor table in docs/request.md.
 
 Every expected value is written out by hand; nothing is computed by the code under test.
 Each test runs once per backend (fixture ``backend``).

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: python -m tokcy {bench,demo} [options]
-       python -m tokcy --version
+MODULE_PROG = "python -m tokcy"
+
+USAGE = """usage: {prog} {{bench,demo}} [options]
+       {prog} --version
 
   bench      time tokcy against the patterns it replaces, on this machine (--help for options)
   demo       run a small continuous-batching engine on tokcy and check it against a reference
              (needs torch: pip install 'tokcy[torch]')
   --version  print tokcy's version and the live backend
 """
+
+
+def program_name(argv0: str | None = None) -> str:
+    """How tokcy was started, for the usage lines: the console script's name ("tokcy") when
+    ``argv0`` (default ``sys.argv[0]``) is that script, else "python -m tokcy"."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    name = argv0.replace("\\", "/").rpartition("/")[2]  # (a Windows path too)
+    for suffix in (".exe", "-script.py"):  # the Windows launchers
+        name = name.removesuffix(suffix)
+    return name if name == "tokcy" else MODULE_PROG
 
 
 def version_line() -> str:
@@ -25,10 +37,12 @@ def version_line() -> str:
     return line + ")"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    prog = program_name() if prog is None else prog
+    usage = USAGE.format(prog=prog)
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE, end="")
+        print(usage, end="")
         return 0
     if argv[0] in ("-V", "--version"):
         print(version_line())
@@ -39,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     elif command == "demo":
         from tokcy.demo.cli import main as run
     else:
-        print(f"unknown command {command!r}\n{USAGE}", end="", file=sys.stderr)
+        print(f"unknown command {command!r}\n{usage}", end="", file=sys.stderr)
         return 2
-    return run(rest)
+    return run(rest, prog=f"{prog} {command}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog=MODULE_PROG))

@@ -114,7 +114,7 @@ class Request:
     # preemption
     def pause(self, max_input_len: SupportsIndex) -> list[list[int]]: ...
 
-# ----------------------------------------------------------- hot loop 1 (tokcy.executor)
+# ---------------------------------------------------- input preparation (tokcy.executor)
 @final
 class InputWriter:
     """The one-pass input-preparation loop; ``tokcy.executor.prepare_inputs`` is its public face.
@@ -220,7 +220,7 @@ class AttentionMetadata:
     ) -> None: ...
     def results(self) -> tuple[int, int, int, tuple[int, ...]]: ...
 
-# ---------------------------------------------------------------- connector (hot loop 2)
+# ------------------------------------------------ the KV-connector report (tokcy.connector)
 # The per-request report state behind tokcy.connector.SchedulerOutputManager; build()
 # returns (number of context rows, the report's ReportColumns), whose arrays() are the
 # columns of tokcy.connector.SchedulerOutput in its constructor's order (rows: context,

@@ -1,4 +1,4 @@
-# Hot loop 2: the KV-connector report (what each request gained since the last report), compiled.
+# The KV-connector report (what each request gained since the last report), compiled.
 #
 # tokcy/_pure/report.py is the readable twin and documents the rules; this file is the
 # same algorithm with the per-request state in C:

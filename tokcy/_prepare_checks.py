@@ -1,4 +1,4 @@
-"""Errors of hot loop 1 (input preparation), shared by both backends.
+"""Errors of input preparation (``tokcy.executor``), shared by both backends.
 
 The compiled core calls these only on its slow path, so a bad batch raises the same
 exception with the same message whichever backend is live. Each function raises.

@@ -1,4 +1,4 @@
-"""Errors of hot loop 2 (the KV-connector report), shared by both backends.
+"""Errors of the KV-connector report (``tokcy.connector``), shared by both backends.
 
 ``tokcy/_core_report.pxi`` and ``tokcy/_pure/report.py`` call these only on their slow
 paths, so a bad batch raises the same exception with the same message whichever backend

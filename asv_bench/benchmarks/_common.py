@@ -30,6 +30,20 @@ def use_backend(name):
     return module
 
 
+def torch_on_bench_threads():
+    """torch on the intra-op threads ``python -m tokcy bench`` runs it on
+    (``tokcy.bench.machine.TORCH_THREADS``: an engine's host path runs small tensor ops);
+    NotImplementedError (asv: skipped) without torch. asv runs each benchmark in a process
+    of its own, so nothing is restored."""
+    try:
+        import torch
+    except ImportError as error:
+        raise NotImplementedError(f"this benchmark needs torch: {error}")
+    from tokcy.bench import machine
+
+    torch.set_num_threads(machine.TORCH_THREADS)
+
+
 def tokens(n, rng_seed=0):
     return np.random.default_rng(rng_seed).integers(0, VOCAB, n, dtype=np.int32)
 

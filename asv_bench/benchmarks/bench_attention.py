@@ -8,7 +8,7 @@ and the bytes each sends host-to-device per step.
 
 from tokcy.bench import attention
 
-from ._common import BACKENDS, use_backend
+from ._common import BACKENDS, torch_on_bench_threads, use_backend
 
 # The world of the last parameter combination, built once: asv may call setup before
 # every sample, and building 256 requests of 131,072 tokens takes longer than timing.
@@ -30,6 +30,7 @@ class AttentionMetadata:
     timeout = 600
 
     def setup(self, seq_len, block_size, groups, backend):
+        torch_on_bench_threads()
         use_backend(backend)
         tokcy, small, vllm = _steps(seq_len, block_size, groups, backend)
         self.tokcy_step, self.tokcy_bytes, self.device_side = tokcy

@@ -10,7 +10,7 @@ one or more kernel launches, or a view): a count, the same on every machine.
 
 from tokcy.bench import attention, device_feed
 
-from ._common import BACKENDS, use_backend
+from ._common import BACKENDS, torch_on_bench_threads, use_backend
 
 _STEPS = {}  # (seq_len, backend) -> the steps of the last world built (256 requests take a while)
 
@@ -35,6 +35,7 @@ class DeviceFeed:
     timeout = 300
 
     def setup(self, seq_len, backend):
+        torch_on_bench_threads()
         use_backend(backend)
         self.steps, self.drain = _steps(seq_len, backend)
 

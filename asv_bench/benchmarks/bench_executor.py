@@ -1,4 +1,4 @@
-"""Hot loop 1, input preparation: tokcy against the patterns it replaces.
+"""Input preparation (``prepare_inputs``): tokcy against the patterns it replaces.
 
 Batch: one context chunk of 8,192 tokens + 255 generation requests at sequence length L,
 with 0 or 3 draft tokens each. Baselines (tokcy/_baselines/executor.py): ``before`` (whole

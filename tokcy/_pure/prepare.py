@@ -1,4 +1,4 @@
-"""Hot loop 1, input preparation, in plain Python/numpy: the readable twin of
+"""Input preparation in plain Python/numpy: the readable twin of
 ``tokcy/_core_prepare.pxi`` (same algorithm, same errors from ``tokcy._prepare_checks``).
 
 Pass 1 validates the batch and records one spec per emitted sequence; pass 2 writes the
@@ -40,7 +40,7 @@ def _check_request(item, group, index, seen, expected_state):
 
 
 class InputWriter:
-    """Fills the input arrays of one iteration (hot loop 1); see docs/executor.md.
+    """Fills the input arrays of one iteration (input preparation); see docs/executor.md.
 
     ``bind(...)`` the eleven output arrays once, then per iteration ``prepare(...)``
     (= ``plan`` + ``write``) returns the counts. ``tokcy.executor`` is the public face.

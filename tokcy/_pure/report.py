@@ -1,4 +1,4 @@
-"""Hot loop 2, the KV-connector report, in plain Python/numpy: the readable reference.
+"""The KV-connector report in plain Python/numpy: the readable reference.
 
 ``ReportState`` is the per-request state behind ``tokcy.connector.SchedulerOutputManager``
 and its batch loop; ``tokcy/_core_report.pxi`` is the same algorithm in C (same results,

@@ -26,14 +26,26 @@ Implementations (seconds of host work per step):
 Notes per row: the bytes each sends host-to-device per step, and the host-only dense and
 CSR tables of ``prepare_inputs(..., block_size=...)`` as bandwidth against a numpy copy of
 the same bytes (those tables are O(blocks held) by construction).
+
+Goals (the compiled core's; each read from the same run, with a verdict): tokcy within 1.5x
+of ``prepare_inputs`` on every row; at L = 131,072 and block 16, at least 5x less host work
+than ``vllm`` and 20x less than ``small_engine``; flat in L (L = 131,072 within 1.2x of
+L = 2,048, block 16, one group); tokcy's bytes per step the same at every L; the host
+tables at least half a numpy copy's bandwidth. The ratios of two of tokcy's own figures
+read rounds timed side by side (``timing.Beside``): ``prepare_inputs`` is timed a round at
+a time right after each of tokcy's rounds, the numpy copy right after each of the host
+tables' rounds, and the row of L = 131,072 (block 16, one group) times tokcy on a world of
+L = 2,048 beside its own.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tokcy.bench.scenario import Row, Scenario
-from tokcy.bench.timing import measure
+from tokcy.bench import goals
+from tokcy.bench.report import format_config
+from tokcy.bench.scenario import Goal, Row, Scenario, median_or_ratio, pair_key
+from tokcy.bench.timing import StepBeside, after_each, measure
 
 BATCH = 256
 CONFIGS = {
@@ -42,6 +54,16 @@ CONFIGS = {
     "default": ((2_048, 16, 1), (131_072, 16, 1), (131_072, 256, 1), (131_072, 16, 2)),
     "full": tuple((L, bs, g) for g in (1, 2) for bs in (16, 256) for L in (2_048, 32_768, 131_072)),
 }
+# the goals: tokcy / prepare_inputs at most PREPARE_FACTOR on every row; at L = LONG and block
+# GOAL_BLOCK, at least VLLM_FACTOR and SMALL_ENGINE_FACTOR less host work than those
+# patterns; tokcy at L = LONG within FLAT_FACTOR of tokcy at L = SHORT (block GOAL_BLOCK, one
+# group); the host tables at least TABLES_SHARE of a numpy copy's bandwidth
+PREPARE_FACTOR, VLLM_FACTOR, SMALL_ENGINE_FACTOR, FLAT_FACTOR, TABLES_SHARE = 1.5, 5, 20, 1.2, 0.5
+SHORT, LONG, GOAL_BLOCK = 2_048, 131_072, 16
+PREPARE_PAIR = pair_key("tokcy", "prepare_inputs")
+FLAT_PAIR = pair_key("tokcy", f"tokcy at L = {SHORT:,}")  # its paired rounds, in the flat row
+TABLES_PAIR = pair_key("host tables", "numpy copy")
+BYTES = "tokcy bytes per step"  # Row.counts key
 
 
 class World:
@@ -192,11 +214,9 @@ class Attention(Scenario):
     legend = (
         "tokcy: InputPreparer.prepare with a block size (tokens + slot mapping + KV lengths + CSR offsets, changed "
         "block-table entries staged, one packed copy); device-side scatter/gather stubbed out and timed apart",
-        "prepare_inputs: today's token inputs alone; preparer: InputPreparer.prepare without a block size; "
-        "small_engine: (a) padded Python lists + new tensors per step; "
+        "prepare_inputs: today's token inputs alone, each round timed right after one of tokcy's; preparer: "
+        "InputPreparer.prepare without a block size; small_engine: (a) padded Python lists + new tensors per step; "
         "vllm: (b) persistent numpy table, numpy slots, full rows copied per step",
-        "goals: tokcy within 1.5x of prepare_inputs; at L=131,072 block 16, >= 5x vs vllm and >= 20x vs "
-        "small_engine; flat in L; bytes/step independent of L; host tables >= half a numpy copy's bandwidth",
     )
     plot_x = "seq_len"
     plot_xlabel = "sequence length L (tokens), block 16, one group"
@@ -210,8 +230,8 @@ class Attention(Scenario):
     def run(self, config, backend, plan):
         from tokcy.executor import HostBuffers, InputPreparer, prepare_inputs
 
-        world = World(backend, config["seq_len"], config["block_size"], config["groups"],
-                      batch=64 if config["seq_len"] <= 64 else BATCH)
+        batch = 64 if config["seq_len"] <= 64 else BATCH
+        world = World(backend, config["seq_len"], config["block_size"], config["groups"], batch=batch)
         tokcy_step, tokcy_bytes, device_side = tokcy_preparer(world)
         small_step, small_bytes = small_engine(world)
         vllm_step, vllm_bytes = vllm(world)
@@ -219,26 +239,117 @@ class Attention(Scenario):
         tokens_only = InputPreparer(len(world.requests), len(world.requests))
         steps = {
             "tokcy": tokcy_step,
-            "prepare_inputs": lambda: (world.touch(), prepare_inputs([], world.requests, out=plain)),
             "preparer": lambda: (world.touch(), tokens_only.prepare([], world.requests)),
             "small_engine": small_step,
             "vllm": vllm_step,
         }
-        timings = {name: measure(step, plan) for name, step in steps.items()}
+        # tokcy's rounds each followed by one of prepare_inputs and, at the flat goal's long
+        # row, one of tokcy on a world of the short L (as the executor scenario pairs them)
+        host_rounds = StepBeside(lambda: (world.touch(), prepare_inputs([], world.requests, out=plain)), plan,
+                                 number=None)
+        short = None
+        if goals.goals_read_pairs(backend) and (config["seq_len"], config["block_size"], config["groups"]) == (
+                LONG, GOAL_BLOCK, 1):
+            short = StepBeside(tokcy_preparer(World(backend, SHORT, GOAL_BLOCK, 1, batch=batch))[0], plan,
+                               number=None)
+        beside = after_each([rounds for rounds in (host_rounds, short) if rounds is not None])
+        timings = {name: measure(step, plan, after_round=beside if name == "tokcy" else None)
+                   for name, step in steps.items()}
+        timings["prepare_inputs"] = host_rounds.timing()
+        timings = {name: timings[name] for name in self.implementations}
+        paired = {PREPARE_PAIR: host_rounds.ratios(timings["tokcy"])}
+        if short is not None:
+            paired[FLAT_PAIR] = short.ratios(timings["tokcy"])
         device_timing = measure(device_side, plan)
         tables_step, copy_step, table_bytes = host_tables(world)
-        tables_timing, copy_timing = measure(tables_step, plan), measure(copy_step, plan)
+        copy_rounds = StepBeside(copy_step, plan, number=None)
+        tables_timing = measure(tables_step, plan, after_round=copy_rounds)
+        paired[TABLES_PAIR] = copy_rounds.ratios(tables_timing)
         bandwidth = table_bytes / tables_timing.median / 1e9
-        copy_bandwidth = table_bytes / copy_timing.median / 1e9
+        copy_bandwidth = table_bytes / copy_rounds.timing().median / 1e9
         note = (f"L={config['seq_len']:,} block={config['block_size']} groups={config['groups']}: bytes H2D per step "
                 f"tokcy {tokcy_bytes:,}, small_engine {small_bytes:,}, vllm {vllm_bytes:,}; device-side "
                 f"scatter+gather (CPU) {device_timing.median * 1e6:.1f} us; host dense+CSR tables "
                 f"{bandwidth:.2f} GB/s vs numpy copy {copy_bandwidth:.2f} GB/s ({table_bytes:,} bytes)")
         return Row(config=dict(config), values={name: t.median for name, t in timings.items()},
-                   timings={name: t.as_dict() for name, t in timings.items()}, note=note)
+                   timings={name: t.as_dict() for name, t in timings.items()}, note=note, paired_rounds=paired,
+                   counts={BYTES: tokcy_bytes})
+
+    def goals(self, rows, backend):
+        if backend == "python":  # the pure twin is the readable reference; these goals are the compiled core's
+            return []
+        long_label, short_label = (f"L = {length:,}" for length in (LONG, SHORT))
+        at_long = lambda c: (c["seq_len"], c["block_size"]) == (LONG, GOAL_BLOCK)  # noqa: E731
+        where = f"{long_label}, block {GOAL_BLOCK}"
+        return [
+            within_prepare_inputs(rows),
+            goals.speedup_at_least(rows, "vllm", VLLM_FACTOR, at_long, where),
+            goals.speedup_at_least(rows, "small_engine", SMALL_ENGINE_FACTOR, at_long, where),
+            goals.flat(rows, lambda c: (c["seq_len"], c["block_size"], c["groups"]) == (SHORT, GOAL_BLOCK, 1),
+                       lambda c: (c["seq_len"], c["block_size"], c["groups"]) == (LONG, GOAL_BLOCK, 1), FLAT_FACTOR,
+                       f"tokcy flat in L: {long_label} within {FLAT_FACTOR:g}x of {short_label} (block {GOAL_BLOCK}, "
+                       "one group)", (short_label, long_label), paired=FLAT_PAIR),
+            bytes_independent_of_length(rows),
+            tables_bandwidth(rows),
+        ]
 
     def plot_series(self, rows):
         return super().plot_series([row for row in rows if (row.config["block_size"], row.config["groups"]) == (16, 1)])
+
+
+def shape(config) -> str:
+    """'L = 131,072, block 16, 2 groups': the row a verdict names."""
+    groups = config["groups"]
+    return f"L = {config['seq_len']:,}, block {config['block_size']}, {groups} group{'s' if groups != 1 else ''}"
+
+
+def within_prepare_inputs(rows, factor=PREPARE_FACTOR) -> Goal:
+    """tokcy / prepare_inputs at most ``factor`` on every row (the median of their paired
+    rounds' ratios where a row has them), the worst row named."""
+    text = f"tokcy within {factor:g}x of prepare_inputs on every row (a step with all the metadata over the " \
+           "token inputs alone)"
+    ratios = [(row.paired_ratio("tokcy", "prepare_inputs"), row.config) for row in rows]
+    ratios = [(ratio, config) for ratio, config in ratios if ratio]
+    if not ratios:
+        return Goal(text, "not run", None)
+    worst, config = max(ratios, key=lambda pair: pair[0])
+    return Goal(text, f"worst {worst:.2f}x, at {shape(config)}", worst <= factor)
+
+
+def bytes_independent_of_length(rows) -> Goal:
+    """tokcy's bytes per step the same at every L, for each (block, groups) run at two L or more."""
+    text = "tokcy's bytes per step independent of L (each block size and group count run at two L or more)"
+    by_shape = {}
+    for row in rows:
+        if BYTES in row.counts:
+            key = (row.config["block_size"], row.config["groups"])
+            by_shape.setdefault(key, {})[row.config["seq_len"]] = row.counts[BYTES]
+    compared = {key: sent for key, sent in by_shape.items() if len(sent) >= 2}
+    if not compared:
+        return Goal(text, "no block size and group count run at two L", None)
+    parts, same = [], True
+    for (block, groups), sent in sorted(compared.items()):
+        figures = sorted(set(sent.values()))
+        same = same and len(figures) == 1
+        where = f"block {block}, {groups} group{'s' if groups != 1 else ''}"
+        if len(figures) == 1:
+            parts.append(f"{format_config(figures[0])} B at L = {', '.join(map(format_config, sorted(sent)))} ({where})")
+        else:
+            each = ", ".join(f"{format_config(sent[length])} B at L = {length:,}" for length in sorted(sent))
+            parts.append(f"{each} ({where})")
+    return Goal(text, "; ".join(parts), same)
+
+
+def tables_bandwidth(rows, share=TABLES_SHARE) -> Goal:
+    """The host dense and CSR tables written at ``share`` or more of a numpy copy's bandwidth
+    on every row (per round, the copy timed right after the tables)."""
+    text = f"host dense+CSR tables at least {share:g} of a numpy copy's bandwidth on every row"
+    shares = [(1 / ratio, row.config) for row in rows
+              if (ratio := median_or_ratio(row.paired_rounds.get(TABLES_PAIR), None, None))]
+    if not shares:
+        return Goal(text, "not run", None)
+    lowest, config = min(shares, key=lambda pair: pair[0])
+    return Goal(text, f"lowest {lowest:.2f}, at {shape(config)}", lowest >= share)
 
 
 SCENARIO = Attention()

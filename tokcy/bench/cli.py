@@ -4,7 +4,8 @@ Prints one table per scenario and backend: each configuration, the median time o
 implementation (median of round medians, see ``tokcy.bench.timing``) with its spread over
 the rounds, tokcy's speed-up over each baseline and its ratio to the plain-C floor, figures
 quoted from elsewhere in a section of their own, and each goal with its verdict, measured
-in the same run. Progress goes to stderr, tables to stdout.
+in the same run. Progress goes to stderr, tables to stdout. torch, when installed, runs on
+one intra-op thread during the run (``--torch-threads``; see ``machine.TORCH_THREADS``).
 """
 
 from __future__ import annotations
@@ -35,9 +36,16 @@ def load_scenario(name: str):
     return f"{name}: skipped, {missing}" if missing else scenario
 
 
-def parser() -> argparse.ArgumentParser:
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def parser(prog: str = "python -m tokcy bench") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tokcy bench",
+        prog=prog,
         description="Time tokcy against the patterns it replaces (TensorRT-LLM's 'before' and 'after' code of "
         "pull requests #16791 and #22092, "
         "a numpy-vectorised baseline, Python lists) on this machine, and print one table per scenario.",
@@ -54,7 +62,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("cython", "python", "both"), default=None,
                    help="which tokcy backend to time (default: the live one, tokcy.BACKEND)")
     p.add_argument("--scenario", action="append", choices=SCENARIOS + ON_REQUEST, metavar="NAME",
-                   help=f"run only this scenario (repeatable): {', '.join(SCENARIOS + ON_REQUEST)}")
+                   help=f"run only this scenario (repeatable): {', '.join(SCENARIOS + ON_REQUEST)}; without it, "
+                   f"every one but {', '.join(ON_REQUEST)}, which runs only when named (--scenario soak)")
+    p.add_argument("--torch-threads", type=positive_int, default=machine.TORCH_THREADS, metavar="N",
+                   help=f"torch's intra-op threads during the run (default: {machine.TORCH_THREADS}, as an engine's "
+                   "host path runs small tensor ops; torch's own default is one per core)")
     p.add_argument("--json", metavar="PATH", help="write the raw figures (every round median) as JSON")
     p.add_argument("--plot", metavar="PATH",
                    help="draw host time per iteration against sequence length, log axes (needs matplotlib)")
@@ -65,8 +77,14 @@ def progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def main(argv=None) -> int:
-    args = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+def main(argv=None, prog: str = "python -m tokcy bench") -> int:
+    args = parser(prog).parse_args(sys.argv[1:] if argv is None else list(argv))
+    with machine.torch_threads(args.torch_threads) as threads:
+        return run(args, threads)
+
+
+def run(args, torch_threads) -> int:
+    """The run ``args`` asks for, torch (if installed) set to ``torch_threads`` threads."""
     import tokcy
 
     if args.backend is None:
@@ -96,6 +114,7 @@ def main(argv=None) -> int:
 
         plan = Plan(warmup=1, rounds=1, per_round=1, budget_s=0.01, min_rounds=1, min_sample_s=1e-6)
     info = machine.describe()
+    info["torch_threads"] = torch_threads
     print(report.header(info, wanted, level, plan), flush=True)
     print(floor.describe(), flush=True)
 
@@ -103,8 +122,7 @@ def main(argv=None) -> int:
     for name in args.scenario or SCENARIOS:
         loaded = load_scenario(name)
         if isinstance(loaded, str):
-            progress(f"tokcy bench: {loaded}")
-            print(f"\n== {loaded}")
+            print(f"\n== {loaded}")  # once, in the report (not again in the progress on stderr)
         else:
             scenarios.append(loaded)
     jobs = [(scenario, backend, config) for backend in wanted for scenario in scenarios for config in scenario.configs(level)]

@@ -56,11 +56,22 @@ def header(machine: dict, backends: list, level: str, plan=None) -> str:
         f"tokcy {machine.get('tokcy', '?')} bench ({level}), {machine.get('date', '')}",
         f"machine: {machine.get('cpu')}, {core_text}, {machine.get('system')}",
         f"python:  {machine.get('python')}, numpy {machine.get('numpy')}",
+        torch_line(machine),
         f"backend: {', '.join(backends)}" + _why_pure(backends),
         f"timing:  {plan.warmup} warm-up, {plan.rounds} rounds x {plan.per_round} iterations, "
         f"median of the round medians{budget}",
     ]
     return "\n".join(lines)
+
+
+def torch_line(machine: dict) -> str:
+    """torch's version and the intra-op threads the run set (--torch-threads), or its absence."""
+    if not machine.get("torch"):
+        return "torch:   not installed (the attention and device_feed scenarios need it)"
+    threads = machine.get("torch_threads")
+    if threads is None:
+        return f"torch:   {machine['torch']}"
+    return f"torch:   {machine['torch']}, {threads} intra-op thread{'s' if threads != 1 else ''} (--torch-threads)"
 
 
 def format_spread(value, spread) -> str:

@@ -6,6 +6,8 @@ import statistics
 from dataclasses import dataclass, field
 
 LEVELS = ("smoke", "quick", "default", "full")  # "smoke": tiny sizes, for the test suite only
+# how to install a module a scenario needs, said with the scenario's skip
+INSTALL = {"torch": "install torch: pip install -e '.[torch]'"}
 
 
 @dataclass
@@ -21,6 +23,8 @@ class Row:
     floor_rounds: dict = field(default_factory=dict)
     # "name / other" -> name's round medians over other's, each of other's rounds timed right after
     paired_rounds: dict = field(default_factory=dict)
+    # figures counted, not timed (the bytes a step sends host-to-device): name -> number
+    counts: dict = field(default_factory=dict)
 
     def ratios(self, tokcy_name: str = "tokcy") -> dict:
         """baseline / tokcy for every baseline (tokcy's speed-up or saving); the floor and
@@ -58,6 +62,7 @@ class Row:
             "tokcy_over_floor": self.floor_ratio(),
             "floor_rounds": self.floor_rounds,
             "paired_rounds": self.paired_rounds,
+            "counts": self.counts,
             "timings": self.timings,
             "reference": self.reference,
             "note": self.note,
@@ -117,7 +122,8 @@ class Scenario:
             try:
                 importlib.import_module(module)
             except ImportError as error:
-                return f"{module} is not available ({error})"
+                fix = INSTALL.get(module.partition(".")[0])
+                return f"{module} is not available ({error})" + (f"; {fix}" if fix else "")
         return None
 
     def configs(self, level: str) -> list:

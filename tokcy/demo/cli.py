@@ -12,12 +12,31 @@ from tokcy import _backend
 NO_TORCH = "tokcy demo needs torch, which is not installed: pip install 'tokcy[torch]'  (or: pip install torch)"
 
 
-def _parser():
+class DefaultOnceFormatter(argparse.HelpFormatter):
+    """Each option's default said once, as it is typed: appended as "(default: X)" unless the
+    help text already says it or there is none (None); a sequence as its values ("16 512"),
+    an on/off flag as "on" or "off"."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if default is None or default is argparse.SUPPRESS or not action.option_strings or "default" in text:
+            return text
+        if isinstance(action, argparse.BooleanOptionalAction):
+            shown = "on" if default else "off"
+        elif isinstance(default, (tuple, list)):
+            shown = " ".join(map(str, default))
+        else:
+            shown = str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
+def _parser(prog="python -m tokcy demo"):
     parser = argparse.ArgumentParser(
-        prog="python -m tokcy demo",
+        prog=prog,
         description="A small continuous-batching engine on tokcy (executor + connector), checked token for "
         "token against a full-recompute greedy reference. Needs torch (pip install 'tokcy[torch]').",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultOnceFormatter,
     )
     parser.add_argument("--requests", type=int, default=32, help="number of requests")
     parser.add_argument("--prompt-len", type=int, nargs=2, default=(16, 512), metavar=("MIN", "MAX"),
@@ -57,8 +76,8 @@ def _first_difference(got, expected):
     return next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
 
 
-def main(argv=None):
-    args = _parser().parse_args(argv)
+def main(argv=None, prog="python -m tokcy demo"):
+    args = _parser(prog).parse_args(argv)
     try:
         import torch
     except ImportError:
