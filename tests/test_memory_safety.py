@@ -263,7 +263,7 @@ def test_8_to_12_crafted_request_states_are_refused(backend, fields, message, us
     [
         ({"beams": "abc"}, "beams must be a sequence, not str"),
         ({"beams": [[1.5]], "dirty_from": [0]}, r"beams\[0\]\[0\] must be an integer token id, not float"),
-        ({"prompt_len": 2.0}, "'float' object cannot be interpreted as an integer"),
+        ({"prompt_len": 2.0}, "prompt_len must be an integer, not float"),
         ({"dict": [1]}, "dict must be a dict or None, not list"),
     ],
     ids=["beams-str", "beams-float", "prompt_len-float", "dict-list"],

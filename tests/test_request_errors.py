@@ -483,3 +483,19 @@ def test_block_table_constructor_bad_ids(backend, ids, exc):
 def test_block_table_not_hashable(backend):
     with pytest.raises(TypeError):
         hash(backend.BlockTable([1]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(request_id="a"), "request_id must be an integer, not str"),
+        (dict(request_id=1.0), "request_id must be an integer, not float"),
+        (dict(max_new_tokens=2.5), "max_new_tokens must be an integer, not float"),
+        (dict(beam_width="2"), "beam_width must be an integer, not str"),
+        (dict(num_layer_groups=None), "num_layer_groups must be an integer, not NoneType"),
+    ],
+    ids=["request_id-str", "request_id-float", "max_new_tokens-float", "beam_width-str", "groups-None"],
+)
+def test_a_constructor_argument_that_is_no_integer_is_named(backend, kwargs, message):
+    with pytest.raises(TypeError, match=f"^{message}$"):
+        backend.Request(**{"request_id": 1, "prompt": [1, 2], **kwargs})

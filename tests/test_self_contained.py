@@ -27,7 +27,8 @@ FORBIDDEN = re.compile(
     r"|\bseeds?\b"                                                        # "seed 003", "the seed's engine"
     r"|\b(issue|ticket)s? #?[0-9]"                                        # "issue 4", "ticket #12"
     r"|\b(the|this|that|our) (issue|ticket|brief)s?\b"                   # "the issue asks", "this ticket"
-    r"|\b(issue|ticket|brief)s? (asks?|asked|says|said|wants|requires)\b",
+    r"|\b(issue|ticket|brief)s? (asks?|asked|says|said|wants|requires)\b"
+    r"|\bhot loop [0-9]",                                                 # a design card's numbering, never defined here
     re.IGNORECASE,
 )
 # "seed" as a random-number seed: removed from a line before FORBIDDEN is searched

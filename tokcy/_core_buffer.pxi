@@ -6,6 +6,7 @@
 # docs/change-tracking.md.
 
 cdef Py_ssize_t MIN_CAPACITY = 16
+cdef object EMPTY_STORAGE = _tokens.EMPTY_STORAGE  # every empty buffer's (capacity 0: never written)
 
 
 cdef inline Py_ssize_t grown_capacity(Py_ssize_t capacity, Py_ssize_t needed) noexcept nogil:
@@ -41,7 +42,10 @@ cdef class Int32Buffer:
     cdef Py_ssize_t _layout_pad[1]
 
     def __cinit__(self, values=None):
-        self.reset(np.empty(0, dtype=np.int32) if values is None else values)
+        if values is None:
+            self.install(EMPTY_STORAGE, NULL, 0, 0)
+        else:
+            self.reset(values)
 
     cdef int install(self, object storage, int32_t* data, Py_ssize_t capacity, Py_ssize_t size) except -1:
         """Make ``storage`` (from ``_tokens.new_storage``: its ``data``, ``capacity`` and the
@@ -62,15 +66,20 @@ cdef class Int32Buffer:
         """Hold a copy of ``values`` (a validated 1-D int32 array) and nothing else, as a
         new buffer of them would: every mark and count back to a new buffer's."""
         cdef const int32_t[::1] source = values
-        storage = _tokens.new_storage(source.shape[0])
-        cdef int32_t[::1] memory = storage  # Python code can run up to here, not below
-        if source.shape[0]:
-            memcpy(&memory[0], &source[0], source.shape[0] * sizeof(int32_t))
+        cdef int32_t[::1] memory
+        cdef int32_t* data = NULL
+        cdef Py_ssize_t count = source.shape[0]
+        storage = EMPTY_STORAGE
+        if count:
+            storage = _tokens.new_storage(count)
+            memory = storage  # Python code can run up to here, not below
+            data = &memory[0]
+            memcpy(data, &source[0], count * sizeof(int32_t))
         self.dirty_from = 0  # a new buffer's marks and counts, valid whatever the size
         self.table_dirty_from = 0
         self.table_stamp = 0
         self.num_released = 0
-        self.install(storage, &memory[0] if memory.shape[0] else NULL, memory.shape[0], memory.shape[0])
+        self.install(storage, data, count, count)
         return 0
 
     cdef int make_writable(self, Py_ssize_t start, Py_ssize_t new_size) except -1:

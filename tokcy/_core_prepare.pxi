@@ -1,4 +1,4 @@
-# Hot loop 1: input preparation, one validating pass then one write; the readable twin is
+# Input preparation: one validating pass then one write; the readable twin is
 # tokcy/_pure/prepare.py, with the same algorithm and the same errors (tokcy/_prepare_checks).
 #
 # InputWriter.prepare() runs in two passes:

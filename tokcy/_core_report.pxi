@@ -456,8 +456,8 @@ cdef class ReportState:
         return num_context, arena.columns(batch, total_segments, total_tokens, total_blocks)
 
     def record_matched_tokens(self, request_id, num_tokens):
-        cdef int64_t key = _tokens.as_index(request_id, "request_id")
-        cdef Py_ssize_t count = _tokens.as_index(num_tokens, "num_tokens")
+        cdef int64_t key = _tokens.as_integer(request_id, "request_id")
+        cdef Py_ssize_t count = _tokens.as_integer(num_tokens, "num_tokens")
         cdef Py_ssize_t number
         if count < 0:
             _report_checks.negative_matched(count)
@@ -469,7 +469,7 @@ cdef class ReportState:
         self.table.slots[number].matched = count
 
     def reset_request(self, request_id):
-        cdef int64_t key = _tokens.as_index(request_id, "request_id")
+        cdef int64_t key = _tokens.as_integer(request_id, "request_id")
         cdef Py_ssize_t number
         if self.busy:
             _report_checks.busy()
@@ -478,7 +478,7 @@ cdef class ReportState:
             self.table.slots[number].reported = False
 
     def request_finished(self, request_id):
-        cdef int64_t key = _tokens.as_index(request_id, "request_id")
+        cdef int64_t key = _tokens.as_integer(request_id, "request_id")
         if self.busy:
             _report_checks.busy()
         slot_table_remove(&self.table, key)

@@ -73,11 +73,11 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
 
     @cython.embedsignature(False)  # the class docstring carries the signature for inspect/help
     def __init__(self, request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1):
-        request_id = _tokens.as_index(request_id, "request_id")
+        request_id = _tokens.as_integer(request_id, "request_id")
         tokens = _invariants.check_prompt(_tokens.as_int32_array(prompt, "prompt"))
         beam_width = _invariants.check_beam_width(beam_width)
         if max_new_tokens is not None:
-            max_new_tokens = _tokens.as_index(max_new_tokens, "max_new_tokens")
+            max_new_tokens = _tokens.as_integer(max_new_tokens, "max_new_tokens")
             if max_new_tokens < 0:
                 raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         num_layer_groups = _invariants.check_num_layer_groups(num_layer_groups)
@@ -208,7 +208,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         if value is None:
             self._seq_slot = NO_SLOT
             return
-        value = _tokens.as_index(value, "seq_slot")
+        value = _tokens.as_integer(value, "seq_slot")
         if value < 0:
             raise ValueError(f"seq_slot must be >= 0 or None, got {value}")
         if value > INT32_MAX:

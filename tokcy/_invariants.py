@@ -12,7 +12,7 @@ import weakref
 import numpy as np
 
 from tokcy._state import RequestState
-from tokcy._tokens import INT32_MAX, as_index, as_int32_array
+from tokcy._tokens import INT32_MAX, as_int32_array, as_integer
 
 MAX_BEAM_WIDTH = 1024
 MAX_LAYER_GROUPS = 1024
@@ -38,14 +38,14 @@ REQUEST_FIELDS = (
 
 
 def _bounded(value, name, low, high):
-    number = as_index(value, name)
+    number = as_integer(value, name)
     if not low <= number <= high:
         raise ValueError(f"{name} {number} is outside [{low}, {high}]")
     return number
 
 
 def _count(value, name, maximum):
-    number = as_index(value, name)
+    number = as_integer(value, name)
     if number < 1:
         raise ValueError(f"{name} must be >= 1, got {number}")
     if number > maximum:
@@ -141,7 +141,7 @@ def checked_request_state(state):
     if extra is not None and not isinstance(extra, dict):
         raise TypeError(f"dict must be a dict or None, not {type(extra).__name__}")
     return {
-        "request_id": as_index(raw["request_id"], "request_id"),
+        "request_id": as_integer(raw["request_id"], "request_id"),
         "beams": beams,
         "dirty_from": marks,
         "prompt_len": prompt_len,
@@ -160,7 +160,7 @@ def checked_request_state(state):
 
 def checked_state(value):
     """A RequestState member; ValueError for an int that names none."""
-    number = as_index(value, "state")
+    number = as_integer(value, "state")
     try:
         return RequestState(number)
     except ValueError:

@@ -23,7 +23,7 @@ Three counters make it what the hot loops need:
 
 import numpy as np
 
-from tokcy._tokens import INT32_MAX, new_storage
+from tokcy._tokens import EMPTY_STORAGE, INT32_MAX, new_storage
 
 MIN_CAPACITY = 16
 
@@ -44,7 +44,7 @@ class Int32Buffer:
 
     def __init__(self, values):
         """``values``: a validated 1-D int32 array; the buffer holds a copy."""
-        storage = new_storage(len(values))
+        storage = new_storage(len(values)) if len(values) else EMPTY_STORAGE  # (capacity 0: never written)
         storage[:] = values
         self.storage = storage
         self.size = len(values)

@@ -43,7 +43,7 @@ import numpy as np
 from tokcy import _report_checks as checks
 from tokcy._pure.request import Request
 from tokcy._state import RequestState
-from tokcy._tokens import as_index
+from tokcy._tokens import as_integer
 
 __all__ = ["ReportColumns", "ReportState"]
 
@@ -208,8 +208,8 @@ class ReportState:
                               self._num_allocations))
 
     def record_matched_tokens(self, request_id, num_tokens):
-        request_id = as_index(request_id, "request_id")
-        num_tokens = as_index(num_tokens, "num_tokens")
+        request_id = as_integer(request_id, "request_id")
+        num_tokens = as_integer(num_tokens, "num_tokens")
         if num_tokens < 0:
             checks.negative_matched(num_tokens)
         if self._busy:
@@ -220,7 +220,7 @@ class ReportState:
         slot.matched = num_tokens
 
     def reset_request(self, request_id):
-        request_id = as_index(request_id, "request_id")
+        request_id = as_integer(request_id, "request_id")
         if self._busy:
             checks.busy()
         slot = self._slots.get(request_id)
@@ -228,7 +228,7 @@ class ReportState:
             slot.reported = False
 
     def request_finished(self, request_id):
-        request_id = as_index(request_id, "request_id")
+        request_id = as_integer(request_id, "request_id")
         if self._busy:
             checks.busy()
         self._slots.pop(request_id, None)

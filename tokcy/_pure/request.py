@@ -12,7 +12,7 @@ import numpy as np
 from tokcy import _invariants, _pickle, _repr
 from tokcy._pure.buffer import Int32Buffer
 from tokcy._state import RequestState
-from tokcy._tokens import INT32_MAX, as_clamped_index, as_index, as_int32_array, check_beam, check_token
+from tokcy._tokens import INT32_MAX, as_clamped_index, as_index, as_int32_array, as_integer, check_beam, check_token
 
 
 def _block_ids_array(block_ids, name):
@@ -200,11 +200,11 @@ class Request:
         return self
 
     def __init__(self, request_id, prompt, *, beam_width=1, max_new_tokens=None, num_layer_groups=1):
-        request_id = as_index(request_id, "request_id")
+        request_id = as_integer(request_id, "request_id")
         tokens = _invariants.check_prompt(as_int32_array(prompt, "prompt"))
         beam_width = _invariants.check_beam_width(beam_width)
         if max_new_tokens is not None:
-            max_new_tokens = as_index(max_new_tokens, "max_new_tokens")
+            max_new_tokens = as_integer(max_new_tokens, "max_new_tokens")
             if max_new_tokens < 0:
                 raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         num_layer_groups = _invariants.check_num_layer_groups(num_layer_groups)
@@ -317,7 +317,7 @@ class Request:
     @seq_slot.setter
     def seq_slot(self, value):
         if value is not None:
-            value = as_index(value, "seq_slot")
+            value = as_integer(value, "seq_slot")
             if value < 0:
                 raise ValueError(f"seq_slot must be >= 0 or None, got {value}")
             if value > INT32_MAX:
