@@ -7,6 +7,7 @@ regression shows as an AddressSanitizer report, not a wrong value.
 
 import gc
 import pickle
+import weakref
 from array import array
 from contextlib import contextmanager
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from tokcy import RequestState
+from tokcy.connector import SchedulerOutputManager
 from tokcy.executor import HostBuffers, prepare_inputs
 from tokcy.executor._host import ARRAY_FIELDS
 from tokcy.executor._metadata import MetadataBuffers
@@ -22,23 +24,32 @@ from tokcy.executor._metadata import MetadataBuffers
 @contextmanager
 def at_next_collection(action, slack=1):
     """Run ``action`` once, from a gc callback, at the next collection: it starts once
-    ``slack`` more tracked objects are allocated than freed (1: the next one). Yields a
-    list that holds True once the action ran."""
-    ran = []
+    ``slack`` more tracked objects are allocated than freed. Yields a dict: set its
+    "calling" to True just before the call under test (a store that allocates nothing);
+    "ran" then says where the action ran: None (no collection), "inside" or "outside"."""
+    state = {"calling": False, "ran": None}
 
     def callback(phase, info):
-        if phase == "start" and not ran:
-            ran.append(True)
+        if phase == "start" and state["ran"] is None:
+            state["ran"] = "inside" if state["calling"] else "outside"
             action()
 
     threshold = gc.get_threshold()
     gc.callbacks.append(callback)
-    gc.set_threshold(gc.get_count()[0] + slack)
+    gc.set_threshold(max(gc.get_count()[0] + slack, 1))
     try:
-        yield ran
+        yield state
     finally:
+        state["calling"] = False
         gc.set_threshold(*threshold)
         gc.callbacks.remove(callback)
+
+
+def inside_a_call(attempt, slacks=range(-2, 40)):
+    """Run ``attempt(slack)`` (which checks its own outcome and returns where the
+    collection ran) for each slack; at least one collection must land inside the call."""
+    places = [attempt(slack) for slack in slacks]
+    assert "inside" in places, places
 
 
 class Reinitialises:
@@ -86,83 +97,166 @@ def test_set_generated_tokens_refuses_a_request_reinitialised_by_a_conversion(ba
 
 
 def test_a_grow_survives_a_collection_that_grows_the_same_buffer(backend):
-    """Beam 0 is full (16 of 16): appending allocates new storage, and the collection that
-    allocation starts replaces the generated tokens with 4,096 more. The append lands
-    after them; nothing is lost, duplicated or written past the storage."""
-    request = backend.Request(1, list(range(16)))
-    for _ in range(3):  # prime the allocations on the way, so the collection falls in the grow
-        gc.collect()
-    with at_next_collection(lambda: request.set_generated_tokens([list(range(100, 4196))])) as ran:
-        length = request.add_new_token(5)
-    assert ran
-    expected = list(range(16)) + list(range(100, 4196)) + [5]
-    assert (length, request.get_tokens(0)) == (len(expected), expected)
+    """Beam 0 is full (16 of 16): appending makes new storage, and the collection that can
+    start there replaces the generated tokens with 4,096 more. The append lands after
+    them; nothing is lost, duplicated or written past the storage."""
+    def attempt(slack):
+        request = backend.Request(1, list(range(16)))
+        with at_next_collection(lambda: request.set_generated_tokens([list(range(100, 4196))]), slack) as state:
+            state["calling"] = True
+            length = request.add_new_token(5)
+        expected = list(range(16)) + ([] if state["ran"] is None else list(range(100, 4196))) + [5]
+        assert (length, request.get_tokens(0)) == (len(expected), expected), state["ran"]
+        return state["ran"]
+
+    inside_a_call(attempt)
 
 
 @pytest.mark.parametrize("how", ["tolist", "pause"])
 def test_block_table_reads_survive_a_collection_that_reinitialises_the_table(backend, how):
     """tolist() and pause() take the table's bounds, then allocate their result; a
-    collection started there empties the table. The result is then the table as it was
-    (never memory past the storage that is left); a collection before the call empties
-    it first."""
-    inside = 0
-    for slack in range(-2, 24):  # which allocation starts the collection
+    collection started there empties the table. The result is the table as it was when
+    the call began (never memory past the storage that is left)."""
+    def attempt(slack):
         request = backend.Request(1, [1, 2, 3])
         table = request.block_tables[0]
         table.extend(range(5000))
         spare = [[] for _ in range(200)]  # empties the interpreter's free list: the result list is allocated
-        with at_next_collection(table.__init__, slack) as ran:
+        with at_next_collection(table.__init__, slack) as state:
+            state["calling"] = True
             result = table.tolist() if how == "tolist" else request.pause(10)[0]
         del spare
-        assert result in (list(range(5000)), []), (slack, len(result))
-        if how == "pause" or ran:
-            assert table.tolist() == []
-        inside += bool(ran) and len(result) == 5000
-    if how == "tolist":  # (pause's collections fall before or after its reads here: its results still checked)
-        assert inside
+        if how == "tolist" or state["ran"] != "inside":
+            assert result == ([] if state["ran"] == "outside" else list(range(5000))), (state["ran"], len(result))
+        else:  # inside pause, before or after it reads the table
+            assert result in ([], list(range(5000)))
+        assert table.tolist() == ([] if how == "pause" or state["ran"] else list(range(5000)))
+        return "inside" if state["ran"] == "inside" and len(result) == 5000 else state["ran"]
+
+    places = [attempt(slack) for slack in range(-2, 40)]
+    if how == "tolist":  # (pause's collections here fall before or after its reads: its results still checked)
+        assert "inside" in places, places
 
 
 def test_a_view_made_while_a_collection_grows_the_buffer_is_never_cached_stale(backend):
-    request = backend.Request(1, list(range(16)))
-    with at_next_collection(lambda: request.set_generated_tokens([list(range(40))])) as ran:
-        first = request.get_tokens_view(0)
-    assert ran
-    assert first.tolist() in (list(range(16)), list(range(16)) + list(range(40)))
-    assert request.get_tokens_view(0).tolist() == list(range(16)) + list(range(40))
-    request.add_new_token(99)
-    assert request.get_tokens_view(0).tolist() == list(range(16)) + list(range(40)) + [99]
+    def attempt(slack):
+        request = backend.Request(1, list(range(16)))
+        with at_next_collection(lambda: request.set_generated_tokens([list(range(40))]), slack) as state:
+            state["calling"] = True
+            first = request.get_tokens_view(0)
+        grown = list(range(16)) + list(range(40))
+        assert first.tolist() in (list(range(16)), grown)
+        assert request.get_tokens_view(0).tolist() == (list(range(16)) if state["ran"] is None else grown)
+        request.add_new_token(99)
+        assert request.get_tokens_view(0).tolist()[-1] == 99
+        return state["ran"]
+
+    inside_a_call(attempt)
 
 
-def storage_behind(view):
-    """The numpy array at the end of a view's chain of bases (the buffer's storage)."""
-    found, obj = [], view
+def test_release_front_keeps_a_write_made_by_a_collection_inside_it(backend):
+    """A view shares the table, so release_front copies it first, where a collection can
+    start and rewrite block 30. The release never restores the change marks over that
+    write: the connector's next report carries it (its mirror equals the table)."""
+    def attempt(slack):
+        request = backend.Request(1, list(range(8)))
+        request.state = RequestState.GENERATION_IN_PROGRESS
+        table = request.block_tables[0]
+        table.extend(range(100, 140))
+        manager = SchedulerOutputManager()
+        mirror = np.asarray(manager.build_scheduler_output([], [request]).new_requests[0].new_block_ids_by_group[0])
+        view = table.view()
+        with at_next_collection(lambda: table.__setitem__(30, 7), slack) as state:
+            state["calling"] = True
+            table.release_front(2)
+        del view
+        expected = [-1, -1] + list(range(102, 140))
+        if state["ran"]:
+            expected[30] = 7
+        assert (table.tolist(), table.num_released) == (expected, 2)
+        mirror = apply_cached(mirror, manager.build_scheduler_output([], [request]))
+        assert mirror[2:].tolist() == expected[2:]
+        return state["ran"]
+
+    inside_a_call(attempt)
+
+
+def apply_cached(mirror, output):
+    """Group 0's block ids after a report's cached delta."""
+    for data in output.cached_requests:
+        replaced = int(data.num_replaced_blocks_by_group[0])
+        mirror = np.concatenate([mirror[: len(mirror) - replaced], np.asarray(data.new_block_ids_by_group[0])])
+    return mirror
+
+
+@pytest.mark.parametrize("call", ["release_front", "setitem"])
+def test_a_table_write_checks_its_position_again_after_a_collection_truncated_it(backend, call):
+    """A view shares the table, so the write copies it first; a collection started there
+    empties the table. The write is then refused (nothing written, the table consistent
+    and picklable), as it would be had the truncation come first."""
+    def attempt(slack):
+        table = backend.BlockTable(list(range(40)))
+        view = table.view()
+        with at_next_collection(lambda: table.truncate(0), slack) as state:
+            state["calling"] = True
+            try:
+                table.release_front(10) if call == "release_front" else table.__setitem__(5, 9)
+            except (ValueError, IndexError) as error:
+                refused = str(error)
+            else:
+                refused = None
+        del view
+        if state["ran"] is None:
+            assert refused is None
+        elif refused is not None:
+            assert refused in ("num_released 10 exceeds the 0 blocks in the table",
+                               "position 5 is past the 0 entries left by code that ran meanwhile",
+                               "block table index 5 is out of range for 0 blocks")
+        assert table.tolist() == ([] if state["ran"] else table.tolist())
+        assert table.num_released <= len(table)
+        assert pickle.loads(pickle.dumps(table)).tolist() == table.tolist()
+        return state["ran"] if refused is not None or state["ran"] is None else "after"
+
+    inside_a_call(attempt)
+
+
+def chain_behind(view):
+    """The objects a view's data comes through: its bases, down to the one that owns it."""
+    chain, obj = [], view.base
     while obj is not None:
-        if isinstance(obj, np.ndarray):
-            found.append(obj)
-            obj = obj.base
-        elif isinstance(obj, memoryview):
-            obj = obj.obj
-        else:
-            break
-    return found[-1]
+        chain.append(obj)
+        obj = obj.obj if isinstance(obj, memoryview) else getattr(obj, "base", None)
+    return chain
 
 
 @pytest.mark.parametrize("owner", ["tokens", "block_table"])
-def test_the_storage_behind_a_view_cannot_be_resized(backend, owner):
-    """``resize(refcheck=False)`` ignores buffer exports and would free the memory the
-    compiled core points into; a buffer's storage refuses it on both backends."""
+def test_nothing_a_view_leads_to_can_free_the_memory_the_buffer_writes(backend, owner):
+    """numpy's resize(refcheck=False) and __setstate__ ignore buffer exports and would
+    free the memory under the compiled core's pointers. A view's chain of bases ends at a
+    bytearray that refuses to resize while it is exported, and no numpy array in it owns
+    that memory: replacing their data with __setstate__ changes what those arrays show,
+    never the buffer (both backends)."""
     request = backend.Request(1, list(range(16)))
     request.block_tables[0].extend(range(8))
     view = request.get_tokens_view(0) if owner == "tokens" else request.block_tables[0].view()
-    storage = storage_behind(view)
-    with pytest.raises(ValueError, match="cannot resize"):
-        storage.resize(1, refcheck=False)
-    for token in range(2_000):  # grows past the old storage: it is copied, never freed under us
+    chain = chain_behind(view)
+    assert isinstance(chain[-1], bytearray)
+    with pytest.raises(BufferError):
+        chain[-1].extend(bytes(4096))
+    arrays = [view] + [obj for obj in chain if isinstance(obj, np.ndarray)]
+    for array in arrays:
+        with pytest.raises(ValueError, match="cannot resize"):
+            array.resize(1, refcheck=False)
+    for array in arrays:
+        array.__setstate__((1, (1,), np.dtype(np.int32), False, bytes(4)))
+    del view, chain, arrays
+    churn = [bytearray(64) for _ in range(2_000)]  # reuses any block freed by mistake
+    for token in range(2_000):  # grows past the old storage: it is copied, never read after being freed
         request.add_new_token(token)
         request.block_tables[0].append(token)
+    del churn
     assert request.get_tokens(0) == list(range(16)) + list(range(2_000))
     assert request.block_tables[0].tolist() == list(range(8)) + list(range(2_000))
-    assert view.tolist() == (list(range(16)) if owner == "tokens" else list(range(8)))
 
 
 def decode_requests(backend, count):
@@ -287,3 +381,53 @@ def test_unpickling_a_subclass_restores_its_fields_without_its_properties(backen
         del globals()["Tracked"]
     assert type(restored) is Tracked
     assert (restored.state, restored.seq_slot, calls) == (RequestState.GENERATION_IN_PROGRESS, 3, [])
+
+
+def writer_arrays(num_tokens=64, batch=8):
+    """InputWriter.bind's eleven arrays, in its order."""
+    return ([np.zeros(num_tokens, np.int32) for _ in range(3)] + [np.zeros(batch, np.int32) for _ in range(3)]
+            + [np.zeros(batch + 1, np.int32), np.zeros(batch, np.int64), np.zeros(num_tokens, np.int32),
+               np.zeros(batch, np.int32), np.zeros(batch, np.int32)])
+
+
+def test_rebinding_a_writer_releases_the_old_arrays_only_once_the_new_ones_are_bound(backend):
+    """Freeing the arrays bound before can run Python code (here a finalizer that prepares
+    a step): it must find the writer writing into the new arrays, not into the freed ones."""
+    requests = decode_requests(backend, 4)
+    writer = backend.InputWriter()
+    old = writer_arrays()
+    writer.bind(*old)
+    seen = []
+
+    def on_free():
+        writer.prepare([], requests, (), (), 0, None, 0, None)
+        seen.append(new[0][:4].tolist())
+
+    weakref.finalize(old[0], on_free)
+    del old
+    new = writer_arrays()
+    writer.bind(*new)
+    assert seen == [[30, 31, 32, 33]]
+
+
+def test_rebinding_metadata_releases_the_old_arrays_only_once_the_new_ones_are_bound(backend):
+    requests = decode_requests(backend, 4)
+    metadata = backend.AttentionMetadata()
+    old = (np.zeros(8, np.int32), np.zeros(9, np.int32), (np.zeros(64, np.int64),), (np.zeros(9, np.int32),),
+           (np.zeros(8, np.int32),))
+    metadata.bind(4, *old)
+    writer = backend.InputWriter()
+    writer.bind(*writer_arrays())
+    writer.set_metadata(metadata)
+    seen = []
+
+    def on_free():
+        writer.prepare([], requests, (), (), 0, None, 0, (16,))
+        seen.append(new[0][:4].tolist())
+
+    weakref.finalize(old[0], on_free)
+    del old
+    new = (np.zeros(8, np.int32), np.zeros(9, np.int32), (np.zeros(64, np.int64),), (np.zeros(9, np.int32),),
+           (np.zeros(8, np.int32),))
+    metadata.bind(4, *new)
+    assert seen == [[3, 3, 3, 3]]

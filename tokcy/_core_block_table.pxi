@@ -141,21 +141,7 @@ Growable int32 list of the KV-cache block ids assigned to one request (one layer
 
     def release_front(self, Py_ssize_t num_released):
         """Mark the first ``num_released`` entries -1; the count may grow, never shrink."""
-        cdef Py_ssize_t dirty_from, table_dirty_from
-        if num_released < self._buffer.num_released:
-            raise ValueError(
-                f"num_released {num_released} is below the {self._buffer.num_released} blocks already released"
-            )
-        if num_released > self._buffer.size:
-            raise ValueError(f"num_released {num_released} exceeds the {self._buffer.size} blocks in the table")
-        # Both readers (connector, device block table) learn of releases through the count
-        # (num_released), not as rewritten ids: keep the buffer's change marks where they were.
-        dirty_from = self._buffer.dirty_from
-        table_dirty_from = self._buffer.table_dirty_from
-        self._buffer.fill(self._buffer.num_released, num_released, -1)
-        self._buffer.dirty_from = dirty_from
-        self._buffer.table_dirty_from = table_dirty_from
-        self._buffer.num_released = num_released
+        self._buffer.release(num_released)
 
     @property
     def num_released(self):

@@ -5,8 +5,29 @@
 # and table_dirty_from with table_stamp (the device block table's); see
 # docs/change-tracking.md.
 
+from cpython.bytearray cimport PyByteArray_FromStringAndSize
+from cpython.memoryview cimport PyMemoryView_FromObject, PyMemoryView_GET_BUFFER
+
 cdef Py_ssize_t MIN_CAPACITY = 16
-cdef object EMPTY_STORAGE = _tokens.EMPTY_STORAGE  # every empty buffer's (capacity 0: never written)
+
+
+cdef object new_storage(Py_ssize_t capacity):
+    """Storage for ``capacity`` int32 entries (not initialised): a memoryview of a
+    bytearray. The memoryview holds the bytearray's buffer export for as long as the
+    storage lives, so nothing can resize the bytearray and free the memory under ``data``;
+    views are made from it, so no numpy array that a caller can reach owns that memory
+    (numpy's ``resize(refcheck=False)`` and ``__setstate__`` ignore exports). Making a
+    bytearray runs no Python code; making the memoryview may (a collection)."""
+    return PyMemoryView_FromObject(PyByteArray_FromStringAndSize(NULL, capacity * sizeof(int32_t)))
+
+
+cdef inline int32_t* storage_data(object storage) noexcept:
+    return <int32_t*>PyMemoryView_GET_BUFFER(storage).buf
+
+
+# every empty buffer's storage: nothing is ever written into its 0 entries (a write grows
+# into new storage first), so one serves them all and an empty buffer costs no allocation
+cdef object EMPTY_STORAGE = new_storage(0)
 
 
 cdef inline Py_ssize_t grown_capacity(Py_ssize_t capacity, Py_ssize_t needed) noexcept nogil:
@@ -37,7 +58,7 @@ cdef class Int32Buffer:
     cdef Py_ssize_t shared_end
     cdef Py_ssize_t table_dirty_from  # reader 2, the device block table: the same, since its last read
     cdef int64_t table_stamp          # which device-table row read it last (0: none)
-    cdef object storage      # numpy int32 array that owns `data`; old ones live on in views
+    cdef object storage      # what owns `data` (new_storage); old ones live on in views
     cdef object readonly     # storage through a read-only buffer, made at the first view
     cdef Py_ssize_t _layout_pad[1]
 
@@ -48,7 +69,7 @@ cdef class Int32Buffer:
             self.reset(values)
 
     cdef int install(self, object storage, int32_t* data, Py_ssize_t capacity, Py_ssize_t size) except -1:
-        """Make ``storage`` (from ``_tokens.new_storage``: its ``data``, ``capacity`` and the
+        """Make ``storage`` (from ``new_storage``: its ``data``, ``capacity`` and the
         ``size`` entries written) the buffer's. Every field describes the new storage
         before the old one and its read-only face are released: releasing them can run
         Python code (a weakref callback), which then finds the buffer whole."""
@@ -66,14 +87,12 @@ cdef class Int32Buffer:
         """Hold a copy of ``values`` (a validated 1-D int32 array) and nothing else, as a
         new buffer of them would: every mark and count back to a new buffer's."""
         cdef const int32_t[::1] source = values
-        cdef int32_t[::1] memory
         cdef int32_t* data = NULL
         cdef Py_ssize_t count = source.shape[0]
         storage = EMPTY_STORAGE
         if count:
-            storage = _tokens.new_storage(count)
-            memory = storage  # Python code can run up to here, not below
-            data = &memory[0]
+            storage = new_storage(count)  # Python code can run up to here, not below
+            data = storage_data(storage)
             memcpy(data, &source[0], count * sizeof(int32_t))
         self.dirty_from = 0  # a new buffer's marks and counts, valid whatever the size
         self.table_dirty_from = 0
@@ -83,28 +102,28 @@ cdef class Int32Buffer:
         return 0
 
     cdef int make_writable(self, Py_ssize_t start, Py_ssize_t new_size) except -1:
-        """Make positions [start, new_size) writable without changing any view.
+        """Make positions [start, new_size) writable without changing any view (the
+        values stay as they are, so no change mark moves: a writer lowers them itself).
 
-        Python code can run in here (the allocation can start a collection, releasing the
-        old storage can call a weakref callback), and that code can change this buffer. So
+        Python code can run in here (making the storage can start a collection, releasing
+        the old one can call a weakref callback), and that code can change this buffer. So
         this only makes progress: a caller checks its condition again on return and calls
         again until it holds, then writes with no Python code in between (append, extend,
-        set, fill)."""
+        set, release)."""
         cdef Py_ssize_t capacity = self.capacity
-        cdef int32_t[::1] memory
+        cdef int32_t* data
         if start < self.shared_end or new_size > capacity:
             if new_size > capacity:
                 if new_size > INT32_MAX:  # positions and lengths travel as int32
                     raise ValueError(f"a token buffer holds at most {INT32_MAX} entries")
                 capacity = grown_capacity(capacity, new_size)
-            storage = _tokens.new_storage(capacity)
-            memory = storage
+            storage = new_storage(capacity)
+            data = storage_data(storage)
             # no Python code from here to install(): the buffer read now is the one copied
             if self.size <= capacity:  # else code that ran grew it past this: the caller calls again
                 if self.size:
-                    memcpy(&memory[0], self.data, self.size * sizeof(int32_t))
-                self.install(storage, &memory[0], capacity, self.size)
-        self.mark_changed(start)
+                    memcpy(data, self.data, self.size * sizeof(int32_t))
+                self.install(storage, data, capacity, self.size)
         return 0
 
     cdef inline void mark_changed(self, Py_ssize_t start) noexcept:
@@ -149,17 +168,21 @@ cdef class Int32Buffer:
         self.data[position] = value
         return 0
 
-    cdef int fill(self, Py_ssize_t begin, Py_ssize_t end, int32_t value) except -1:
-        """Write ``value`` over [begin, end), clamped to the entries there are when it writes."""
+    cdef int release(self, Py_ssize_t num_released) except -1:
+        """A block table's sliding-window release: the first ``num_released`` entries read
+        -1 from now on. Both readers learn of releases through the count, so no change mark
+        moves. The count is checked after any copy-on-write (which can run Python code),
+        with no Python code between that check and the writes."""
         cdef Py_ssize_t position
-        if begin < end:
-            while begin < self.shared_end:
-                self.make_writable(begin, self.size)
-            if begin < 0:
-                begin = 0
-            self.mark_changed(begin)
-            for position in range(begin, min(end, self.size)):
-                self.data[position] = value
+        while self.num_released < num_released and self.num_released < self.shared_end:
+            self.make_writable(self.num_released, self.size)
+        if num_released < self.num_released:
+            _invariants.released_below(num_released, self.num_released)
+        if num_released > self.size:
+            _invariants.released_past(num_released, self.size)
+        for position in range(self.num_released, num_released):
+            self.data[position] = -1
+        self.num_released = num_released
         return 0
 
     cdef inline void truncate(self, Py_ssize_t size) noexcept:
@@ -185,7 +208,7 @@ cdef class Int32Buffer:
         """Read-only snapshot of [begin, end) (clamped to the size), zero-copy."""
         while self.readonly is None:
             storage = self.storage
-            readonly = np.frombuffer(memoryview(storage).toreadonly(), dtype=np.int32)
+            readonly = np.frombuffer(storage.toreadonly(), dtype=np.int32)
             if self.storage is storage:  # else code that ran meanwhile replaced it: again
                 self.readonly = readonly
         readonly = self.readonly

@@ -89,7 +89,7 @@ cdef class AttentionMetadata:
         tuple each) ``slot_mapping`` (int64), ``kv_indptr``, ``kv_last_page_len`` and, unless
         None (a device gathers them), ``block_table`` (2-D, max_blocks_per_seq columns) and
         ``kv_indices``. Every array C-contiguous and writable."""
-        cdef Py_ssize_t group, count = len(slot_mapping)
+        cdef Py_ssize_t group, count
         cdef int32_t[:, ::1] dense
         cdef int64_t* slots[MAX_LAYER_GROUPS]
         cdef int32_t* indptr[MAX_LAYER_GROUPS]
@@ -102,6 +102,7 @@ cdef class AttentionMetadata:
         cdef Py_ssize_t cap_tokens = -1, cap_seqs
         if self.busy:
             _checks.metadata_busy()
+        count = len(slot_mapping)
         if count < 1 or count > MAX_LAYER_GROUPS:
             raise ValueError(f"between 1 and {MAX_LAYER_GROUPS} layer groups, got {count}")
         if max_blocks_per_seq < 1:
@@ -155,6 +156,8 @@ cdef class AttentionMetadata:
                 indices[group] = int32_pointer(arrays[6][group])
                 cap_indices[group] = len(arrays[6][group])
         self.release()
+        # what was bound is released on return, once no pointer is into it
+        retired_arrays, retired_device_arrays, retired_rows = self._arrays, self._device_arrays, self.rows
         # the device table's arrays were sized with the old ones (cap_seqs): unbound with them
         self.has_device_table = False
         self.rows = None
@@ -175,8 +178,7 @@ cdef class AttentionMetadata:
         self.num_bound_groups = count
         self._block_sizes = None
 
-    def bind_device_table(self, DeviceTableRows rows not None, table_slots, delta_area, gather_blocks,
-                          gather_live, gather_base):
+    def bind_device_table(self, rows, table_slots, delta_area, gather_blocks, gather_live, gather_base):
         """Keep the device block table whose rows ``rows`` describes: per sequence write the
         row it reads into ``table_slots``, the changed entries into ``delta_area``, and per
         group (a sequence of arrays each) what the device gather reads: ``gather_blocks``
@@ -194,7 +196,10 @@ cdef class AttentionMetadata:
             _checks.metadata_busy()
         if self._arrays is None:
             raise RuntimeError("bind() the metadata arrays first")
-        if rows.num_groups != count or rows.width != self.width:
+        if not isinstance(rows, DeviceTableRows):
+            raise TypeError(f"Argument 'rows' has incorrect type (expected tokcy._core.DeviceTableRows, "
+                            f"got {type(rows).__name__})")
+        if (<DeviceTableRows>rows).num_groups != count or (<DeviceTableRows>rows).width != self.width:
             raise ValueError(f"the device table has {rows.num_groups} groups of {rows.width} columns, "
                              f"the outputs {count} of {self.width}")
         if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
@@ -218,6 +223,7 @@ cdef class AttentionMetadata:
             base[group] = int64_pointer(gathers[2][group])
             cap_seqs = min(cap_seqs, len(gathers[0][group]), len(gathers[1][group]), len(gathers[2][group]))
         self.release()
+        retired_device_arrays, retired_rows = self._device_arrays, self.rows  # released on return, once unused
         self.rows = rows
         self._device_arrays = (table_slots, delta_area, gathers, guards)
         self.table_slots = slots
@@ -452,14 +458,18 @@ cdef class AttentionMetadata:
         return index
 
     cdef void release(self) noexcept:
-        cdef Py_ssize_t index
+        cdef Py_ssize_t index, count = self.num_planned * self.num_groups
+        cdef bint owned = self.owns_refs, was_busy = self.busy
         self.plan_serial += 1
-        if self.owns_refs:
-            for index in range(self.num_planned * self.num_groups):
-                Py_XDECREF(self.groups[index].storage_owner)
-                Py_XDECREF(self.groups[index].buffer_owner)
+        # detached first, and busy while the references drop (as InputWriter._release)
         self.owns_refs = False
         self.num_planned = 0
+        if owned:
+            self.busy = True
+            for index in range(count):
+                Py_XDECREF(self.groups[index].storage_owner)
+                Py_XDECREF(self.groups[index].buffer_owner)
+            self.busy = was_busy
 
     cdef void take_refs(self) noexcept:
         """Own what a borrowing plan points into (InputWriter._take_refs: no Python code has

@@ -106,6 +106,8 @@ cdef class InputWriter:
                          int32_t[::1] cu_seqlens, int64_t[::1] request_ids, int32_t[::1] draft_tokens,
                          int32_t[::1] draft_lens, int32_t[::1] device_token_slots, tuple guards) except -1:
         # the views and guards are owned before any pointer is kept; no Python code below
+        # (the arrays bound before are released on return, once no pointer is theirs)
+        retired = self._arrays
         self._arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
                         cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots, guards)
         self._out.input_ids = &input_ids[0] if input_ids.shape[0] else NULL
@@ -165,16 +167,22 @@ cdef class InputWriter:
         return seen_probe(&self._seen_ids, key)
 
     cdef void _release(self) noexcept:
-        cdef Py_ssize_t index
-        if self._owns_refs:
-            for index in range(self._num_specs):
-                Py_XDECREF(self._specs[index].src_owner)
-                Py_XDECREF(self._specs[index].draft_owner)
-            for index in range(self._num_plain):
-                Py_XDECREF(self._plain[index].src_owner)
+        cdef Py_ssize_t index, num_specs = self._num_specs, num_plain = self._num_plain
+        cdef bint owned = self._owns_refs, was_busy = self._busy
+        # detached first: a reference dropped below can free a storage and so run Python
+        # code (a weakref callback), which must find no plan to release again, and no call
+        # may re-plan (reallocate the specs) while the loop reads them
         self._owns_refs = False
         self._num_specs = 0
         self._num_plain = 0
+        if owned:
+            self._busy = True
+            for index in range(num_specs):
+                Py_XDECREF(self._specs[index].src_owner)
+                Py_XDECREF(self._specs[index].draft_owner)
+            for index in range(num_plain):
+                Py_XDECREF(self._plain[index].src_owner)
+            self._busy = was_busy
         if self._meta is not None:
             self._meta.release()
             self._meta = None

@@ -199,3 +199,13 @@ def resize_guards(arrays):
             if isinstance(array, memoryview):
                 array = array.obj
     return tuple(guards)
+
+
+def released_below(num_released, already):
+    """``release_front`` asked to shrink the released count: the same ValueError on both backends."""
+    raise ValueError(f"num_released {num_released} is below the {already} blocks already released")
+
+
+def released_past(num_released, size):
+    """``release_front`` past the table's end: the same ValueError on both backends."""
+    raise ValueError(f"num_released {num_released} exceeds the {size} blocks in the table")

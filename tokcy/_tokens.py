@@ -28,31 +28,15 @@ def as_index(value, name=None):
 def as_integer(value, name):
     """``as_index`` for an argument both backends convert through this module (never a
     compiled typed argument): a value that is no integer raises a TypeError naming it."""
-    try:
-        return as_index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, not {type(value).__name__}") from None
+    if not hasattr(type(value), "__index__"):  # (an error raised by a value's own __index__ passes through)
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
+    return as_index(value)
 
 
 def as_clamped_index(value):
     """An index argument that is clamped anyway (``get_tokens_range``'s begin and end):
     any int is accepted, and one beyond the C ssize_t range saturates instead of raising."""
     return min(max(operator.index(value), SSIZE_MIN), SSIZE_MAX)
-
-
-def new_storage(capacity):
-    """A new zero-filled int32 array of ``capacity`` entries for a token buffer, which
-    nobody can resize: it views a bytearray, and numpy refuses to resize an array with a
-    base while the bytearray refuses while it is exported. (A resize would free the
-    memory under the compiled core's pointers; numpy's ``resize(refcheck=False)`` does not
-    look at buffer exports, so an array of numpy's own could be freed that way.)"""
-    return np.frombuffer(bytearray(4 * capacity), dtype=np.int32)
-
-
-# The storage of every empty buffer: nothing is ever written into its 0 entries (a write
-# grows into new storage first), so one array serves them all and an empty buffer or
-# table costs no allocation.
-EMPTY_STORAGE = new_storage(0)
 
 
 def check_token(value, name):

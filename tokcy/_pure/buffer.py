@@ -23,7 +23,7 @@ Three counters make it what the hot loops need:
 
 import numpy as np
 
-from tokcy._tokens import EMPTY_STORAGE, INT32_MAX, new_storage
+from tokcy._tokens import INT32_MAX
 
 MIN_CAPACITY = 16
 
@@ -33,10 +33,23 @@ def grown_capacity(capacity, needed):
     return max(needed, capacity + capacity // 4, MIN_CAPACITY)
 
 
+def new_storage(capacity):
+    """A new zero-filled int32 array of ``capacity`` entries over a bytearray (as the
+    compiled twin's storage is a bytearray's memory, which nothing can resize while the
+    buffer holds it)."""
+    return np.frombuffer(bytearray(4 * capacity), dtype=np.int32)
+
+
+# every empty buffer's storage: nothing is ever written into its 0 entries (a write grows
+# into new storage first), so one serves them all and an empty buffer costs no allocation
+EMPTY_STORAGE = new_storage(0)
+
+
 def readonly_alias(storage):
-    """``storage`` seen through a read-only buffer: views sliced from it cannot be made
-    writeable again (numpy refuses, as their base is not writeable)."""
-    return np.frombuffer(memoryview(storage).toreadonly(), dtype=np.int32)
+    """``storage`` seen through a read-only buffer of its bytearray: views sliced from it
+    cannot be made writeable again (numpy refuses, as their base is not writeable), and
+    their chain of bases reaches the bytearray, never ``storage`` itself."""
+    return np.frombuffer(memoryview(storage.base.obj).toreadonly(), dtype=np.int32)
 
 
 class Int32Buffer:
@@ -55,7 +68,8 @@ class Int32Buffer:
         self._readonly = None
 
     def _make_writable(self, start, new_size):
-        """Make positions ``[start, new_size)`` writable without changing any view.
+        """Make positions ``[start, new_size)`` writable without changing any view (the
+        values stay as they are, so no change mark moves: a writer lowers them itself).
 
         Code that runs while the new storage is allocated (a collection's callbacks) can
         change this buffer, so this only makes progress: a caller checks its condition
@@ -72,7 +86,6 @@ class Int32Buffer:
                 self.storage = fresh
                 self.shared_end = 0
                 self._readonly = None
-        self._mark_changed(start)
 
     def _mark_changed(self, start):
         """Lower both readers' marks to ``start``: positions from there on were written."""
@@ -101,13 +114,6 @@ class Int32Buffer:
             raise IndexError(f"position {position} is past the {self.size} entries left by code that ran meanwhile")
         self._mark_changed(position)
         self.storage[position] = value
-
-    def fill(self, begin, end, value):
-        if begin < end:
-            while begin < self.shared_end:
-                self._make_writable(begin, self.size)
-            self._mark_changed(max(begin, 0))
-            self.storage[max(begin, 0) : min(end, self.size)] = value
 
     def truncate(self, size):
         size = min(max(size, 0), self.size)  # never grows, never negative (as the compiled twin)

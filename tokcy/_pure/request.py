@@ -134,19 +134,17 @@ class BlockTable:
     def release_front(self, num_released):
         """Mark the first ``num_released`` entries -1; the count may grow, never shrink."""
         num_released = as_index(num_released, "num_released")
+        buffer = self._buffer
+        # a copy-on-write first (it can run code: a collection); then the count is checked,
+        # as the compiled twin does. Both readers (connector, device block table) learn of
+        # releases through the count, not as rewritten ids: no change mark moves.
+        while self._num_released < num_released and self._num_released < buffer.shared_end:
+            buffer._make_writable(self._num_released, buffer.size)
         if num_released < self._num_released:
-            raise ValueError(
-                f"num_released {num_released} is below the {self._num_released} blocks already released"
-            )
-        if num_released > self._buffer.size:
-            raise ValueError(f"num_released {num_released} exceeds the {self._buffer.size} blocks in the table")
-        # Both readers (connector, device block table) learn of releases through the count
-        # (num_released), not as rewritten ids: keep the buffer's change marks where they were.
-        dirty_from = self._buffer.dirty_from
-        table_dirty_from = self._buffer.table_dirty_from
-        self._buffer.fill(self._num_released, num_released, -1)
-        self._buffer.dirty_from = dirty_from
-        self._buffer.table_dirty_from = table_dirty_from
+            _invariants.released_below(num_released, self._num_released)
+        if num_released > buffer.size:
+            _invariants.released_past(num_released, buffer.size)
+        buffer.storage[self._num_released : num_released] = -1
         self._num_released = num_released
 
     @property
