@@ -206,17 +206,21 @@ class Request:
             if max_new_tokens < 0:
                 raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         num_layer_groups = _invariants.check_num_layer_groups(num_layer_groups)
-        # a second __init__ re-initialises everything, exactly as a new Request (both backends)
+        # a second __init__ re-initialises everything, exactly as a new Request (both backends);
+        # every new buffer and table is made before any field changes, as the compiled twin does
+        beams = [Int32Buffer(tokens) for _ in range(beam_width)]
+        drafts = np.empty(0, dtype=np.int32)
+        tables = tuple(BlockTable() for _ in range(num_layer_groups))
         self._request_id = request_id
-        self._beams = [Int32Buffer(tokens) for _ in range(beam_width)]
+        self._beams = beams
         self._prompt_len = self._orig_prompt_len = len(tokens)
         self._max_new_tokens = max_new_tokens
         self._state = RequestState.CONTEXT_INIT
         self._seq_slot = None
         self._context_position = 0
         self._chunk_size = len(tokens)
-        self._draft_tokens = np.empty(0, dtype=np.int32)
-        self._block_tables = tuple(BlockTable() for _ in range(num_layer_groups))
+        self._draft_tokens = drafts
+        self._block_tables = tables
         self._num_pauses = 0
 
     __signature__ = _signature_of_init(__init__)
@@ -244,13 +248,15 @@ class Request:
     def _from_state(cls, state):
         """A Request from the plain state of ``__reduce__``, every invariant checked first."""
         state = _invariants.checked_request_state(state)
-        self = cls.__new__(cls)
-        self._request_id = state["request_id"]
-        self._beams = []
+        beams = []
         for tokens, dirty_from in zip(state["beams"], state["dirty_from"]):
             beam = Int32Buffer(tokens)
             beam.dirty_from = dirty_from
-            self._beams.append(beam)
+            beams.append(beam)
+        tables = tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"])
+        self = cls.__new__(cls)  # every buffer and table made first, as the compiled twin does
+        self._request_id = state["request_id"]
+        self._beams = beams
         self._prompt_len = state["prompt_len"]
         self._orig_prompt_len = state["orig_prompt_len"]
         self._max_new_tokens = state["max_new_tokens"]
@@ -259,7 +265,7 @@ class Request:
         self._context_position = state["context_current_position"]
         self._chunk_size = state["context_chunk_size"]
         self._draft_tokens = state["draft_tokens"]
-        self._block_tables = tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"])
+        self._block_tables = tables
         self._num_pauses = state["num_pauses"]
         if state["dict"]:
             self.__dict__.update(state["dict"])
