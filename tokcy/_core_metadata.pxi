@@ -102,34 +102,13 @@ cdef class AttentionMetadata:
         cdef Py_ssize_t cap_tokens = -1, cap_seqs
         if self.busy:
             _checks.metadata_busy()
+        _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr,
+                                      kv_last_page_len, block_table, kv_indices)  # the twin's checks and order
         count = len(slot_mapping)
-        if count < 1 or count > MAX_LAYER_GROUPS:
-            raise ValueError(f"between 1 and {MAX_LAYER_GROUPS} layer groups, got {count}")
-        if max_blocks_per_seq < 1:
-            raise ValueError(f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq}")
-        if len(kv_indptr) != count or len(kv_last_page_len) != count:
-            raise ValueError("one kv_indptr and kv_last_page_len per layer group")
-        if (block_table is None) != (kv_indices is None):
-            raise ValueError("block_table and kv_indices are both given or both None")
-        if block_table is not None and (len(block_table) != count or len(kv_indices) != count):
-            raise ValueError("one block_table and kv_indices per layer group")
         arrays = (kv_lens, cu_kv_seqlens, tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len),
                   None if block_table is None else tuple(block_table),
                   None if kv_indices is None else tuple(kv_indices))
-        # numpy arrays only, checked in the twin's order (same errors); then none of them
-        # can be resized while bound (the guards travel with them in _arrays)
-        _checks.check_writable_array("kv_lens", kv_lens, np.int32)
-        _checks.check_writable_array("cu_kv_seqlens", cu_kv_seqlens, np.int32)
-        for group in range(count):
-            _checks.check_writable_array("slot_mapping", arrays[2][group], np.int64)
-            _checks.check_writable_array("kv_indptr", arrays[3][group], np.int32)
-            _checks.check_writable_array("kv_last_page_len", arrays[4][group], np.int32)
-            if block_table is not None:
-                _checks.check_writable_array("block_table", arrays[5][group], np.int32, ndim=2)
-                if arrays[5][group].shape[1] != max_blocks_per_seq:
-                    raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, "
-                                     f"got {arrays[5][group].shape[1]}")
-                _checks.check_writable_array("kv_indices", arrays[6][group], np.int32)
+        # none of them can be resized while bound: the guards travel with them in _arrays
         arrays += (_invariants.resize_guards((kv_lens, cu_kv_seqlens) + arrays[2] + arrays[3] + arrays[4]
                                              + (arrays[5] or ()) + (arrays[6] or ())),)
         # every pointer taken (each array checked) before anything changes: a bad array
@@ -148,9 +127,7 @@ cdef class AttentionMetadata:
                 indices[group] = NULL
                 cap_indices[group] = -1
             else:
-                dense = arrays[5][group]
-                if dense.shape[1] != max_blocks_per_seq:
-                    raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, got {dense.shape[1]}")
+                dense = arrays[5][group]  # max_blocks_per_seq columns (checked)
                 tables[group] = &dense[0, 0] if dense.shape[0] else NULL
                 cap_seqs = min(cap_seqs, dense.shape[0])
                 indices[group] = int32_pointer(arrays[6][group])
@@ -205,17 +182,10 @@ cdef class AttentionMetadata:
         if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
         gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
-        _checks.check_writable_array("table_slots", table_slots, np.int32)  # as the twin, in its order
-        _checks.check_writable_array("delta_area", delta_area, np.int32)
-        deltas = int32_pointer(delta_area)
-        if <uintptr_t>deltas % 8:
-            raise ValueError("delta_area must be 8-byte aligned (the changed entries' indices are int64)")
-        for name, group_arrays, dtype in zip(("gather_blocks", "gather_live", "gather_base"), gathers,
-                                             (np.int32, np.int64, np.int64)):
-            for array in group_arrays:
-                _checks.check_writable_array(name, array, dtype)
+        _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # the twin's checks and order
         guards = _invariants.resize_guards((table_slots, delta_area) + gathers[0] + gathers[1] + gathers[2])
         slots = int32_pointer(table_slots)
+        deltas = int32_pointer(delta_area)  # 8-byte aligned (checked)
         cap_seqs = min(self.cap_seqs, len(table_slots))
         for group in range(count):  # every pointer taken (each array checked) before anything changes
             blocks[group] = int32_pointer(gathers[0][group])

@@ -13,6 +13,8 @@ from tokcy import _prepare_checks as _checks
 
 cdef enum:
     MAX_LAYER_GROUPS = 16
+# the C arrays are sized by the enum, the shared checks bound the groups by their constant
+assert MAX_LAYER_GROUPS == _checks.MAX_METADATA_GROUPS, "the metadata's group limit must agree with its checks"
 
 cdef int64_t last_table_stamp = 0  # stamps handed out to device-table rows (process-wide, under the GIL)
 

@@ -177,7 +177,6 @@ def no_item_deletion(obj):
     raise TypeError(f"{type(obj).__name__} entries cannot be deleted: use truncate() or release_front()")
 
 
-
 def reinitialised_during(argument):
     """The request was re-initialised (``__init__`` again, or a restore) by code that ran
     while ``argument`` was converted: the same RuntimeError on both backends, nothing

@@ -9,6 +9,8 @@ import numpy as np
 from tokcy._state import RequestState
 from tokcy._tokens import INT32_MAX, as_index
 
+MAX_METADATA_GROUPS = 16  # layer groups one AttentionMetadata writes (the compiled core sizes its arrays by it)
+
 CONTEXT = "context_requests"
 GENERATION = "generation_requests"
 FIRST_DRAFT = "first_draft_requests"
@@ -213,3 +215,46 @@ def check_writable_array(name, array, dtype, ndim=1):
     if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == ndim
             and array.flags.c_contiguous and array.flags.writeable):
         raise ValueError(f"{name} must be a {ndim}-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
+
+
+def check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
+                          block_table, kv_indices):
+    """``AttentionMetadata.bind``'s arguments, checked in one order for both backends:
+    the group counts, then every array (numpy only: nothing else is written through a
+    pointer), so that a bad argument raises the same error whichever backend is live."""
+    count = len(slot_mapping)
+    if count < 1 or count > MAX_METADATA_GROUPS:
+        raise ValueError(f"between 1 and {MAX_METADATA_GROUPS} layer groups, got {count}")
+    if max_blocks_per_seq < 1:
+        raise ValueError(f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq}")
+    if len(kv_indptr) != count or len(kv_last_page_len) != count:
+        raise ValueError("one kv_indptr and kv_last_page_len per layer group")
+    if (block_table is None) != (kv_indices is None):
+        raise ValueError("block_table and kv_indices are both given or both None")
+    if block_table is not None and (len(block_table) != count or len(kv_indices) != count):
+        raise ValueError("one block_table and kv_indices per layer group")
+    check_writable_array("kv_lens", kv_lens, np.int32)
+    check_writable_array("cu_kv_seqlens", cu_kv_seqlens, np.int32)
+    for group in range(count):
+        check_writable_array("slot_mapping", slot_mapping[group], np.int64)
+        check_writable_array("kv_indptr", kv_indptr[group], np.int32)
+        check_writable_array("kv_last_page_len", kv_last_page_len[group], np.int32)
+        if block_table is not None:
+            check_writable_array("block_table", block_table[group], np.int32, ndim=2)
+            if block_table[group].shape[1] != max_blocks_per_seq:
+                raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, "
+                                 f"got {block_table[group].shape[1]}")
+            check_writable_array("kv_indices", kv_indices[group], np.int32)
+
+
+def check_device_table_arrays(table_slots, delta_area, gathers):
+    """``AttentionMetadata.bind_device_table``'s arrays (``gathers``: the blocks, live
+    counts and run starts, a tuple of arrays per group each), in one order for both backends."""
+    check_writable_array("table_slots", table_slots, np.int32)
+    check_writable_array("delta_area", delta_area, np.int32)
+    if len(delta_area) and delta_area.ctypes.data % 8:  # (an empty area is never written)
+        raise ValueError("delta_area must be 8-byte aligned (the changed entries' indices are int64)")
+    for name, arrays, dtype in zip(("gather_blocks", "gather_live", "gather_base"), gathers,
+                                   (np.int32, np.int64, np.int64)):
+        for array in arrays:
+            check_writable_array(name, array, dtype)

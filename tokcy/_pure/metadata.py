@@ -19,7 +19,6 @@ import numpy as np
 from tokcy import _invariants
 from tokcy import _prepare_checks as _checks
 
-MAX_LAYER_GROUPS = 16
 INT32_MAX = 2**31 - 1
 _stamps = itertools.count(1)  # stamps handed out to device-table rows (process-wide)
 
@@ -103,30 +102,10 @@ class AttentionMetadata:
         """Write into these arrays (see the compiled twin's docstring)."""
         if self.busy:
             _checks.metadata_busy()
+        # every argument checked, in one order for both backends, before anything changes
+        _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr,
+                                      kv_last_page_len, block_table, kv_indices)
         count = len(slot_mapping)
-        if count < 1 or count > MAX_LAYER_GROUPS:
-            raise ValueError(f"between 1 and {MAX_LAYER_GROUPS} layer groups, got {count}")
-        if max_blocks_per_seq < 1:
-            raise ValueError(f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq}")
-        if len(kv_indptr) != count or len(kv_last_page_len) != count:
-            raise ValueError("one kv_indptr and kv_last_page_len per layer group")
-        if (block_table is None) != (kv_indices is None):
-            raise ValueError("block_table and kv_indices are both given or both None")
-        if block_table is not None and (len(block_table) != count or len(kv_indices) != count):
-            raise ValueError("one block_table and kv_indices per layer group")
-        # every array checked, in the compiled twin's order, before anything changes
-        _checks.check_writable_array("kv_lens", kv_lens, np.int32)
-        _checks.check_writable_array("cu_kv_seqlens", cu_kv_seqlens, np.int32)
-        for group in range(count):
-            _checks.check_writable_array("slot_mapping", slot_mapping[group], np.int64)
-            _checks.check_writable_array("kv_indptr", kv_indptr[group], np.int32)
-            _checks.check_writable_array("kv_last_page_len", kv_last_page_len[group], np.int32)
-            if block_table is not None:
-                _checks.check_writable_array("block_table", block_table[group], np.int32, ndim=2)
-                if block_table[group].shape[1] != max_blocks_per_seq:
-                    raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, "
-                                     f"got {block_table[group].shape[1]}")
-                _checks.check_writable_array("kv_indices", kv_indices[group], np.int32)
         self.release()
         self.has_device_table = False  # the device table is bound to the old arrays: bind it again
         self._device_guards = ()
@@ -163,15 +142,7 @@ class AttentionMetadata:
         if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
         gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
-        # what the compiled writer's typed pointers take, checked first and in its order
-        _checks.check_writable_array("table_slots", table_slots, np.int32)
-        _checks.check_writable_array("delta_area", delta_area, np.int32)
-        if len(delta_area) and delta_area.ctypes.data % 8:  # (an empty area is never written)
-            raise ValueError("delta_area must be 8-byte aligned (the changed entries' indices are int64)")
-        for name, arrays, dtype in zip(("gather_blocks", "gather_live", "gather_base"), gathers,
-                                       (np.int32, np.int64, np.int64)):
-            for array in arrays:
-                _checks.check_writable_array(name, array, dtype)
+        _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # as the compiled twin, in its order
         self.release()
         self._device_guards = _invariants.resize_guards((table_slots, delta_area, *gathers[0], *gathers[1], *gathers[2]))
         self.rows = rows
