@@ -1,7 +1,8 @@
-"""The attention metadata of the common decode sequence (one row, one layer group): the
-compiled backend plans a run of them with its totals in locals and writes them in a loop
-of its own, and each table's device-table delta is planned with it; only the tables that
-send entries are committed. Checked here, both backends:
+"""The attention metadata of the common decode sequence (one row, an exact block table per
+layer group): the compiled backend plans a run of them with its totals in locals and
+writes them in loops of their own, and each table's device-table delta is planned with
+it; only the tables that send entries are committed. Checked here, both backends, with
+one layer group and with two (of different block sizes):
 
 * a worked example: exact arrays, the entries each step sends and the device rows;
 * random runs mixing that sequence with every other one (Request subclasses, drafts,
@@ -28,12 +29,15 @@ WIDTH = 40
 MAX_DRAFT_LEN = 2
 
 
-def decoding(module, request_id, num_tokens, blocks, slot, released=0):
-    request = module.Request(request_id, list(range(num_tokens)))
+def decoding(module, request_id, num_tokens, blocks, slot, released=0, more_groups=()):
+    """A request in generation; ``more_groups``: the block ids of groups 1 and up."""
+    request = module.Request(request_id, list(range(num_tokens)), num_layer_groups=1 + len(more_groups))
     request.state = GENERATING
     request.seq_slot = slot
     request.block_tables[0].extend(blocks)
     request.block_tables[0].release_front(released)
+    for table, ids in zip(request.block_tables[1:], more_groups):
+        table.extend(ids)
     return request
 
 
@@ -76,17 +80,22 @@ def test_worked_example_block_size_4(backend):
     assert preparer.block_table[0].tolist() == [[7, 9, 0, 0], [-1, -1, 8, 0], [10, 11, 0, 0], [0, 0, 0, 0]]
 
 
-def lowest_keep(request, block_size):
-    """The fewest tokens a rewind keeps: a first draft's rows stay after the released blocks."""
-    return max(request.prompt_len, request.block_tables[0].num_released * block_size + MAX_DRAFT_LEN + 1)
+def lowest_keep(request, block_sizes):
+    """The fewest tokens a rewind keeps: a first draft's rows stay after every group's released blocks."""
+    return max([request.prompt_len] + [table.num_released * size + MAX_DRAFT_LEN + 1
+                                       for table, size in zip(request.block_tables, block_sizes)])
+
+
+SECOND_GROUP = {1: 2, 3: 4, 16: 32}  # group 1's block size beside group 0's
 
 
 class Run:
     """One backend's requests and preparer, driven by a seeded script."""
 
-    def __init__(self, module, seed, block_size, torch_copy):
-        self.module, self.rng, self.block_size = module, np.random.default_rng(seed), block_size
-        self.preparer = InputPreparer(256, SLOTS, max_draft_len=MAX_DRAFT_LEN, block_size=block_size,
+    def __init__(self, module, seed, block_size, torch_copy, num_groups=1):
+        self.module, self.rng = module, np.random.default_rng(seed)
+        self.sizes = (block_size, SECOND_GROUP[block_size])[:num_groups]
+        self.preparer = InputPreparer(256, SLOTS, max_draft_len=MAX_DRAFT_LEN, block_sizes=self.sizes,
                                       max_blocks_per_seq=WIDTH, max_slots=SLOTS)
         self.preparer._numpy_copy = not torch_copy
         subclass = type("Subclassed", (module.Request,), {})  # takes the general loop in both passes
@@ -94,7 +103,7 @@ class Run:
         self.requests = []
         for slot in range(SLOTS):
             cls = subclass if self.rng.random() < 0.25 else module.Request
-            request = cls(slot, list(range(int(self.rng.integers(1, 8 * block_size)))))
+            request = cls(slot, list(range(int(self.rng.integers(1, 8 * block_size)))), num_layer_groups=num_groups)
             request.state = GENERATING
             request.seq_slot = slot
             self.cover(request, request.get_num_tokens(0) + 1)
@@ -102,17 +111,18 @@ class Run:
         self.kinds = set()
 
     def cover(self, request, num_positions):
-        table = request.block_tables[0]
-        missing = -(-num_positions // self.block_size) - len(table)
-        if missing > 0:
-            table.extend(range(self.next_block, self.next_block + missing))
-            self.next_block += missing
+        for table, size in zip(request.block_tables, self.sizes):
+            missing = -(-num_positions // size) - len(table)
+            if missing > 0:
+                table.extend(range(self.next_block, self.next_block + missing))
+                self.next_block += missing
 
     def step(self):
-        rng, size = self.rng, self.block_size
+        rng = self.rng
         first_drafts = []
         for request in self.requests:
-            table, n = request.block_tables[0], request.get_num_tokens(0)
+            group = int(rng.integers(0, len(self.sizes)))  # the table an event on one table changes
+            table, size, n = request.block_tables[group], self.sizes[group], request.get_num_tokens(0)
             request.draft_tokens = []
             event = rng.random()
             if event < 0.45:
@@ -126,9 +136,10 @@ class Run:
             elif event < 0.65:  # the window frees blocks before the first row any kind would read
                 window = max(0, n - MAX_DRAFT_LEN - 1) // size
                 table.release_front(max(table.num_released, int(rng.integers(0, window + 1))))
-            elif event < 0.72 and n > lowest_keep(request, size):  # rejected tokens and their blocks
-                request.truncate(int(rng.integers(lowest_keep(request, size), n)))
-                table.truncate(max(table.num_released + 1, -(-(request.get_num_tokens(0) + 1) // size)))
+            elif event < 0.72 and n > lowest_keep(request, self.sizes):  # rejected tokens and their blocks
+                request.truncate(int(rng.integers(lowest_keep(request, self.sizes), n)))
+                for table, size in zip(request.block_tables, self.sizes):
+                    table.truncate(max(table.num_released + 1, -(-(request.get_num_tokens(0) + 1) // size)))
             elif event < 0.8:
                 request.draft_tokens = [3] * int(rng.integers(1, MAX_DRAFT_LEN + 1))
             elif event < 0.85:
@@ -144,41 +155,54 @@ class Run:
 
 @pytest.mark.parametrize("block_size", [1, 3, 16])
 @pytest.mark.parametrize("torch_copy", [False, True])
-def test_random_runs_match_reference_and_other_backend(backend, both_backends, monkeypatch, block_size, torch_copy):
+@pytest.mark.parametrize("num_groups", [1, 2])
+def test_random_runs_match_reference_and_other_backend(backend, both_backends, monkeypatch, block_size, torch_copy,
+                                                       num_groups):
     other = both_backends[1] if backend is both_backends[0] else both_backends[0]
-    runs = {module: Run(module, 4242 + block_size, block_size, torch_copy) for module in (backend, other)}
+    runs = {module: Run(module, 4242 + block_size, block_size, torch_copy, num_groups) for module in (backend, other)}
     for _ in range(25):
         sent = {}
         for module, run in runs.items():
             monkeypatch.setattr(_backend, "module", module)
             generation, first_drafts = run.step()
             inputs = run.preparer.prepare([], generation, first_draft_requests=first_drafts)
-            sent[module] = run.preparer.last_copy_bytes
+            # the bytes sent and the changed entries staged after the ids, in order
+            ids_end, num_tokens = run.preparer._input_ids_end, inputs.num_tokens
+            staged = run.preparer._device_packed[ids_end + num_tokens : run.preparer.last_copy_bytes // 4]
+            sent[module] = (run.preparer.last_copy_bytes, staged.tolist())
             if module is backend:
                 batch = {"context": [], "generation": generation, "first_draft": first_drafts, "device": []}
-                top, groups = attention_reference(batch, MAX_DRAFT_LEN, None, (block_size,), WIDTH)
+                top, groups = attention_reference(batch, MAX_DRAFT_LEN, None, run.sizes, WIDTH)
                 assert_metadata(inputs, top, groups)
-                rows = run.preparer.block_table[0]
-                for request in run.requests:
-                    table = request.block_tables[0].tolist()
-                    assert rows[request.seq_slot].tolist() == table + [0] * (WIDTH - len(table))
-        assert sent[backend] == sent[other]  # the same entries sent
+                for group, rows in enumerate(run.preparer.block_table):
+                    for request in run.requests:
+                        table = request.block_tables[group].tolist()
+                        assert rows[request.seq_slot].tolist() == table + [0] * (WIDTH - len(table))
+        assert sent[backend] == sent[other]  # the same entries sent, in the same order
     assert runs[backend].kinds == {"Request", "Request+drafts", "Subclassed", "Subclassed+drafts"}
 
 
-def test_an_error_inside_a_run_is_the_other_backends_and_consumes_nothing(backend, both_backends, monkeypatch):
+@pytest.mark.parametrize("num_groups", [1, 2])
+def test_an_error_inside_a_run_is_the_other_backends_and_consumes_nothing(backend, both_backends, monkeypatch,
+                                                                         num_groups):
+    # with two groups the errors lie in group 1 (block size 8), group 0 (block size 4) covers every row
     other = both_backends[1] if backend is both_backends[0] else both_backends[0]
+    sizes = (4, 8)[:num_groups]
+    more = lambda ids: [ids] if num_groups == 2 else []  # noqa: E731  (group 1's ids)
     results = {}
     for module in (backend, other):
         monkeypatch.setattr(_backend, "module", module)
-        preparer = InputPreparer(16, 8, block_size=4, max_blocks_per_seq=8, max_slots=8)
-        requests = [decoding(module, index, 5 + index, [10 * index + 1, 10 * index + 2, 10 * index + 3], slot=index)
+        preparer = InputPreparer(16, 8, block_sizes=sizes, max_blocks_per_seq=8, max_slots=8)
+        requests = [decoding(module, index, 5 + index, [10 * index + 1, 10 * index + 2, 10 * index + 3], slot=index,
+                             more_groups=more([100 + index, 110 + index]))
                     for index in range(6)]
         preparer.prepare([], requests)
-        requests[1].block_tables[0][2] = 99  # a change the failing calls must not consume
-        bad_slot = decoding(module, 6, 5, [70, 71], slot=3)  # slot 3 is request 3's
-        short = decoding(module, 7, 13, [80], slot=7)  # position 12 needs block 3: it has 1
-        context = module.Request(8, [1, 2, 3])  # a context request among the generation ones
+        requests[1].block_tables[-1][-1] = 99  # a change the failing calls must not consume
+        bad_slot = decoding(module, 6, 5, [70, 71], slot=3, more_groups=more([170]))  # slot 3 is request 3's
+        # position 12 needs block 3 of group 0 (it has 1), or block 1 of group 1 (it has 1)
+        short = decoding(module, 7, 13, [80] if num_groups == 1 else [80, 81, 82, 83], slot=7,
+                         more_groups=more([180]))
+        context = module.Request(8, [1, 2, 3], num_layer_groups=num_groups)  # a context request among them
         errors = []
         for batch in ([requests[0], requests[1], short, context],  # the first error in order: the blocks
                       [requests[0], context, short],  # the state, before the blocks of a later request
@@ -187,12 +211,16 @@ def test_an_error_inside_a_run_is_the_other_backends_and_consumes_nothing(backen
                 preparer.prepare([], batch)
             errors.append((type(error.value), str(error.value)))
         preparer.prepare([], requests)
-        results[module] = (errors, preparer.last_copy_bytes, preparer.block_table[0, 1].tolist())
+        results[module] = (errors, preparer.last_copy_bytes, preparer.block_table[-1, 1].tolist())
     assert results[backend] == results[other]
     errors, _, row = results[backend]
+    missing = ("request 7 group 0: position 12 needs block 3, but its block table holds only 1 blocks"
+               if num_groups == 1 else "request 7 group 1: position 12 needs block 1, but its block table holds only "
+               "1 blocks")
     assert errors == [
-        (ValueError, "request 7 group 0: position 12 needs block 3, but its block table holds only 1 blocks"),
+        (ValueError, missing),
         (ValueError, "request 8 in generation_requests must be in state GENERATION_IN_PROGRESS, but it is CONTEXT_INIT"),
         (ValueError, "seq_slot 3 is used by both request 3 and request 6"),
     ]
-    assert row == [11, 12, 99, 0, 0, 0, 0, 0]  # the change reached the row after the failures
+    # the change reached the row after the failures
+    assert row == ([11, 12, 99] if num_groups == 1 else [101, 99]) + [0] * (8 - (3 if num_groups == 1 else 2))

@@ -8,16 +8,17 @@
 # sequence and group: the rows of a sequence cover a run of blocks) and records one
 # GroupSpec per sequence and group, holding the table's storage and buffer when the
 # writer's pass 2 may follow Python code or release the GIL (owns_refs; take_refs()).
-# plan_decode_run() is the same plan for runs of the common decode sequence (one row, one
-# layer group, an exact BlockTable), its totals in locals; where a run stops,
+# plan_decode_run() is the same plan for runs of the common decode sequence (one row, an
+# exact BlockTable per layer group), group 0's totals in locals; where a run stops,
 # plan_sequence() plans that sequence (or raises its error).
 # Device table: each planned sequence compares its table's device-table stamp with the
 # stamp its row got at the last step and takes the range that changed (plan_row_delta);
 # commit_deltas() (with the GIL, just before pass 2, once nothing can fail) consumes the
 # tables' marks (docs/change-tracking.md). No Python code runs between the plan and the
 # commit: InputWriter keeps a device table only in prepare(), never in plan() + write().
-# Pass 2 (write, without the GIL): write_sequence() / write_padding() fill the arrays,
-# write_deltas() the changed entries after the used input ids (delta_start(), delta_end()).
+# Pass 2 (write, without the GIL): write_sequence() / write_padding() fill the arrays (the
+# plain decode rows: write_plain_metadata() in _core_rows.pxi), write_deltas() the changed
+# entries after the used input ids (delta_start(), delta_end()).
 #
 # The pieces of the plan (GroupSpec, the device table's rows, one row's delta) are in
 # _core_metadata_plan.pxi, included just before this file.
@@ -278,7 +279,7 @@ cdef class AttentionMetadata:
         cdef PyObject* table
         cdef PyObject* buffer
         cdef GroupSpec* specs = &self.groups[self.num_planned * self.num_groups]
-        cdef Py_ssize_t group, size, released, first, last, count
+        cdef Py_ssize_t group, size, released, first, last
         cdef Py_ssize_t kv_len = pos0 + seq_len   # >= 1: every sequence has a row
         cdef int64_t block_size, slot = 0
         cdef DeviceTableRows rows = self.rows
@@ -300,11 +301,7 @@ cdef class AttentionMetadata:
                 _checks.missing_block(request._request_id, group, max(pos0, size * block_size), last, size)
             if first < released:
                 _checks.released_block(request._request_id, group, pos0, first)
-            specs[group].blocks = (<Int32Buffer>buffer).data
-            specs[group].storage_owner = <PyObject*>(<Int32Buffer>buffer).storage
-            specs[group].buffer_owner = buffer
-            specs[group].num_blocks = size
-            specs[group].num_released = released
+            set_group_spec(&specs[group], buffer, size, released)
         if self.has_device_table:
             slot = request._seq_slot
             if slot == NO_SLOT:
@@ -321,22 +318,34 @@ cdef class AttentionMetadata:
         self.total_kv += kv_len
         # valid: count it (and own what pass 2 reads, when this plan owns)
         for group in range(self.num_groups):
-            if self.owns_refs:
-                Py_INCREF(<object>specs[group].storage_owner)
-                Py_INCREF(<object>specs[group].buffer_owner)
-            if specs[group].num_blocks > self.longest_table:
-                self.longest_table = specs[group].num_blocks
             last = block_of(kv_len - 1, self.block_size[group], self.block_shift[group])  # blocks: last + 1
-            self.total_live[group] += last + 1 - min(specs[group].num_released, last + 1)
-            if self.has_device_table:
-                count = plan_row_delta(&specs[group], specs[group].buffer_owner, rows.row_stamps, rows.row_lengths,
-                                       rows.row_released, group * self.max_slots + slot)
-                if count:
-                    self.changed_specs[self.num_changed_specs] = <int32_t>(self.num_planned * self.num_groups + group)
-                    self.num_changed_specs += 1
-                    self.planned_changes += count
+            self.planned_changes += self.count_group(&specs[group], group, last, slot)
         self.num_planned += 1
         return 0
+
+    cdef Py_ssize_t count_group(self, GroupSpec* spec, Py_ssize_t group, Py_ssize_t last_block,
+                                int64_t slot) noexcept:
+        """A valid sequence's ``spec`` of ``group`` (its blocks 0..``last_block`` hold its KV)
+        counted: owned when the plan owns, the totals, and its row's device-table delta
+        (record_delta(): the entries returned)."""
+        if self.owns_refs:
+            Py_INCREF(<object>spec.storage_owner)
+            Py_INCREF(<object>spec.buffer_owner)
+        if spec.num_blocks > self.longest_table:
+            self.longest_table = spec.num_blocks
+        self.total_live[group] += last_block + 1 - min(spec.num_released, last_block + 1)
+        return self.record_delta(spec, group, slot) if self.has_device_table else 0
+
+    cdef inline Py_ssize_t record_delta(self, GroupSpec* spec, Py_ssize_t group, int64_t slot) noexcept:
+        """The entries of ``group``'s row of ``slot`` that differ from ``spec``'s table
+        (plan_row_delta()); a spec that sends some is recorded, in plan order (commit and
+        write follow it: group by group within a sequence)."""
+        cdef Py_ssize_t count = plan_row_delta(spec, spec.buffer_owner, self.rows.row_stamps, self.rows.row_lengths,
+                                               self.rows.row_released, group * self.max_slots + slot)
+        if count:
+            self.changed_specs[self.num_changed_specs] = <int32_t>(spec - self.groups)
+            self.num_changed_specs += 1
+        return count
 
     cdef int plan_decode_rows(self, PyObject** items, Py_ssize_t begin, Py_ssize_t end) except -1:
         """The sequences of InputWriter's plain decode rows ``items[begin:end]`` (exact
@@ -355,34 +364,34 @@ cdef class AttentionMetadata:
 
     cdef Py_ssize_t plan_decode_run(self, PyObject** items, Py_ssize_t index, Py_ssize_t end) noexcept:
         """plan_sequence(request, n - 1, 1) for each request of ``items[index:end]`` while it
-        is the common decode sequence (one layer group, an exact BlockTable whose blocks
-        cover the row, a free device-table slot); returns the index of the first that is not,
-        for which nothing is recorded. The running totals stay in locals; the requests are
-        borrowed (the writer holds the batch, and nothing here runs Python code)."""
+        is the common decode sequence (as many layer groups as the call, each an exact
+        BlockTable whose blocks cover the row, a free device-table slot); returns the index
+        of the first that is not, for which nothing is recorded. Group 0's running totals stay
+        in locals; the requests and their tables are borrowed (the writer holds the batch, each
+        request its tables tuple, and nothing here runs Python code). Group 0 is planned
+        inline (its ids are the request's _blocks0), the others by plan_decode_groups()."""
         cdef PyObject* request
         cdef PyObject* buffer
-        cdef GroupSpec* spec = &self.groups[self.num_planned]
+        cdef Py_ssize_t num_groups = self.num_groups
+        cdef GroupSpec* spec = &self.groups[self.num_planned * num_groups]
         cdef int32_t* sequence_slots = self.sequence_slots + self.num_planned
         cdef Py_ssize_t first = index, pos, size, released, block, count
         cdef Py_ssize_t width = self.width, max_slots = self.max_slots, changes = self.planned_changes
-        cdef Py_ssize_t num_changed_specs = self.num_changed_specs
         cdef Py_ssize_t longest = self.longest_table, total_live = self.total_live[0]
         cdef int64_t total_kv = self.total_kv, block_size = self.block_size[0], slot = 0, plan_stamp = 0
         cdef int shift = self.block_shift[0]
         cdef bint device = self.has_device_table, owns = self.owns_refs
         cdef int64_t* slot_seen = NULL
         cdef int64_t* slot_request = NULL
-        if self.num_groups != 1:
-            return index
         if device:
             slot_seen = self.rows.slot_seen
             slot_request = self.rows.slot_request
             plan_stamp = self.rows.plan_stamp
         while index < end:
             request = items[index]
-            if (<Request>request)._num_groups != 1:
+            if (<Request>request)._num_groups != num_groups:
                 break
-            buffer = <PyObject*>(<Request>request)._blocks0  # the only table's ids (None: not a plain BlockTable)
+            buffer = <PyObject*>(<Request>request)._blocks0  # group 0's ids (None: not a plain BlockTable)
             if <void*>buffer.ob_type != <void*>Int32Buffer:
                 break
             size = (<Int32Buffer>buffer).size
@@ -395,14 +404,18 @@ cdef class AttentionMetadata:
                 slot = (<Request>request)._seq_slot
                 if slot < 0 or slot >= max_slots or slot_seen[slot] == plan_stamp:
                     break
+            set_group_spec(spec, buffer, size, released)
+            if num_groups > 1:  # the other groups, and every group's delta (nothing fails after this)
+                count = self.plan_decode_groups(<Request>request, pos, spec, slot)
+                if count < 0:
+                    break
+                changes += count
+            elif device:  # group 0's row of the slot
+                changes += self.record_delta(spec, 0, slot)
+            if device:
                 slot_seen[slot] = plan_stamp
                 slot_request[slot] = (<Request>request)._request_id
                 sequence_slots[index - first] = <int32_t>slot
-            spec.blocks = (<Int32Buffer>buffer).data
-            spec.storage_owner = <PyObject*>(<Int32Buffer>buffer).storage
-            spec.buffer_owner = buffer
-            spec.num_blocks = size
-            spec.num_released = released
             if owns:
                 Py_INCREF(<object>spec.storage_owner)
                 Py_INCREF(<object>buffer)
@@ -410,22 +423,44 @@ cdef class AttentionMetadata:
                 longest = size
             total_live += block + 1 - released
             total_kv += pos + 1
-            if device:  # group 0's row of the slot
-                count = plan_row_delta(spec, buffer, self.rows.row_stamps, self.rows.row_lengths,
-                                       self.rows.row_released, slot)
-                if count:
-                    self.changed_specs[num_changed_specs] = <int32_t>(spec - self.groups)
-                    num_changed_specs += 1
-                    changes += count
-            spec += 1
+            spec += num_groups
             index += 1
         self.num_planned += index - first
         self.total_kv = total_kv
         self.total_live[0] = total_live
-        self.longest_table = longest
+        if longest > self.longest_table:  # (plan_decode_groups() keeps it too)
+            self.longest_table = longest
         self.planned_changes = changes
-        self.num_changed_specs = num_changed_specs
         return index
+
+    cdef Py_ssize_t plan_decode_groups(self, Request request, Py_ssize_t pos, GroupSpec* specs,
+                                       int64_t slot) noexcept:
+        """plan_decode_run()'s groups 1 and up of ``request``'s row at ``pos`` (in ``slot``;
+        group 0's spec set): -1, recording nothing, unless each is an exact BlockTable whose
+        blocks cover the row; else their specs set and counted, and every group's
+        device-table delta recorded, group 0's first (as plan_sequence() orders them), the
+        entries returned. Out of the run's loop, which keeps group 0's totals in registers."""
+        cdef PyObject* table
+        cdef PyObject* buffer
+        cdef PyObject* tables = <PyObject*>request._block_tables  # borrowed, as the run's requests
+        cdef Py_ssize_t group, size, released, block, changes = 0
+        for group in range(1, self.num_groups):
+            table = PyTuple_GET_ITEM(<object>tables, group)
+            if <void*>table.ob_type != <void*>BlockTable:
+                return -1
+            buffer = <PyObject*>(<BlockTable>table)._buffer
+            size = (<Int32Buffer>buffer).size
+            released = (<Int32Buffer>buffer).num_released
+            block = block_of(pos, self.block_size[group], self.block_shift[group])
+            if size > self.width or block >= size or block < released:
+                return -1
+            set_group_spec(&specs[group], buffer, size, released)
+        if self.has_device_table:  # every group covers the row: counted (its own totals stay with the run)
+            changes = self.record_delta(specs, 0, slot)
+        for group in range(1, self.num_groups):
+            changes += self.count_group(&specs[group], group, block_of(pos, self.block_size[group],
+                                                                        self.block_shift[group]), slot)
+        return changes
 
     cdef void release(self) noexcept:
         cdef Py_ssize_t index, count = self.num_planned * self.num_groups

@@ -46,6 +46,16 @@ cdef struct GroupSpec:
     Py_ssize_t zero_end
 
 
+cdef inline void set_group_spec(GroupSpec* spec, PyObject* buffer, Py_ssize_t num_blocks,
+                                Py_ssize_t num_released) noexcept:
+    """What pass 2 reads of one table (its Int32Buffer ``buffer``, borrowed): its ids now."""
+    spec.blocks = (<Int32Buffer>buffer).data
+    spec.storage_owner = <PyObject*>(<Int32Buffer>buffer).storage
+    spec.buffer_owner = buffer
+    spec.num_blocks = num_blocks
+    spec.num_released = num_released
+
+
 cdef inline int32_t* int32_pointer(int32_t[::1] memory):
     return &memory[0] if memory.shape[0] else NULL
 

@@ -134,65 +134,121 @@ cdef void emit_plain_rows(const PlainRow* rows, Py_ssize_t count, Outputs* out, 
         row += 1
         seq += 1
         gather += 1
-    if meta is not None:  # a loop of its own: the rows' loop stays branch-free
-        if meta.num_groups == 1 and meta.block_table[0] == NULL:
-            write_plain_metadata(rows, count, meta, counters[0], counters[1])
-        else:
-            for index in range(count):
-                meta.write_sequence(rows[index].meta_index, rows[index].pos0, 1, counters[0] + index,
-                                    counters[1] + index)
+    if meta is not None:  # loops of their own: the rows' loop stays branch-free
+        write_plain_metadata(rows, count, meta, counters[0], counters[1])
     counters[0] = row
     counters[1] = seq
     counters[2] = gather
 
 
+cdef struct GroupRows:  # one layer group's outputs from a batch's first plain row on
+    int64_t block_size
+    int shift
+    int64_t* slots
+    int32_t* indptr
+    int32_t* last_page_len
+    int32_t* gather_blocks     # NULL without a device table
+    int64_t* gather_live
+    int64_t* gather_base
+    int32_t* dense             # the host tables (NULL: the device gathers them)
+    int32_t* indices
+    int64_t width
+
+
+cdef inline GroupRows group_rows(AttentionMetadata meta, Py_ssize_t group, Py_ssize_t row0,
+                                 Py_ssize_t seq0) noexcept nogil:
+    cdef GroupRows out
+    out.block_size = meta.block_size[group]
+    out.shift = meta.block_shift[group]
+    out.slots = meta.slot_mapping[group] + row0
+    out.indptr = meta.kv_indptr[group] + seq0
+    out.last_page_len = meta.kv_last_page_len[group] + seq0
+    out.gather_blocks = meta.gather_blocks[group] + seq0 if meta.has_device_table else NULL
+    out.gather_live = meta.gather_live[group] + seq0 if meta.has_device_table else NULL
+    out.gather_base = meta.gather_base[group] + seq0 if meta.has_device_table else NULL
+    out.dense = meta.block_table[group]
+    out.indices = meta.kv_indices[group]
+    out.width = meta.width
+    return out
+
+
+cdef inline int32_t write_group_row(GroupRows out, const GroupSpec* spec, Py_ssize_t pos, Py_ssize_t index,
+                                    int64_t row_start, int32_t live_sum, bint host_tables) noexcept nogil:
+    """One plain row's entries of one group (as AttentionMetadata.write_sequence): its slot,
+    CSR offset, last-page length, and what the device gather reads or (``host_tables``) the
+    dense and CSR rows; ``row_start``: the sequence's row in the flat dense table,
+    ``live_sum``: the group's CSR offset before it, returned after it. (``out`` by value: a
+    copy no output pointer can alias, so its fields stay in registers.)"""
+    cdef Py_ssize_t block = block_of(pos, out.block_size, out.shift)
+    cdef int32_t live = <int32_t>(block + 1 - spec.num_released)
+    debug_assert(spec.num_released <= block and block < spec.num_blocks)  # plan_decode_run / plan_sequence
+    out.slots[index] = <int64_t>spec.blocks[block] * out.block_size + (pos - block * out.block_size)
+    out.indptr[index + 1] = live_sum + live
+    out.last_page_len[index] = <int32_t>(pos + 1 - block * out.block_size)
+    if out.gather_blocks != NULL:
+        out.gather_blocks[index] = <int32_t>(block + 1)
+        out.gather_live[index] = live
+        out.gather_base[index] = row_start + (block + 1) - (live_sum + live)
+    if host_tables:  # the row padded with zeros, the live blocks in the CSR
+        memcpy(out.dense + row_start, spec.blocks, (block + 1) * sizeof(int32_t))
+        memset(out.dense + row_start + block + 1, 0, (out.width - block - 1) * sizeof(int32_t))
+        memcpy(out.indices + live_sum, spec.blocks + spec.num_released, live * sizeof(int32_t))
+    return live_sum + live
+
+
 cdef void write_plain_metadata(const PlainRow* rows, Py_ssize_t count, AttentionMetadata meta, Py_ssize_t row0,
                                Py_ssize_t seq0) noexcept nogil:
     """meta.write_sequence(row.meta_index, row.pos0, 1, row0 + i, seq0 + i) for each plain
-    row, for one layer group whose block tables the device gathers (no host tables): the
-    same entries, in a loop that keeps its running sums in registers."""
-    cdef const GroupSpec* spec
-    cdef Py_ssize_t index, pos, block
-    cdef int64_t block_size = meta.block_size[0]
-    cdef int shift = meta.block_shift[0]
-    cdef int64_t* slots = meta.slot_mapping[0] + row0
+    row: the same entries, in one loop for the per-sequence ones and group 0, then one per
+    other layer group, each keeping its running sums in registers. plain_rows_metadata()
+    is inlined three times, each loop knowing what it writes: one group without host
+    tables (the usual decode step), several, and host tables (bind() gives every group
+    host tables, or none)."""
+    if meta.block_table[0] == NULL:
+        if meta.num_groups == 1:
+            plain_rows_metadata(rows, count, meta, row0, seq0, False, 1)
+        else:
+            plain_rows_metadata(rows, count, meta, row0, seq0, False, meta.num_groups)
+    else:
+        plain_rows_metadata(rows, count, meta, row0, seq0, True, meta.num_groups)
+
+
+cdef inline void plain_rows_metadata(const PlainRow* rows, Py_ssize_t count, AttentionMetadata meta, Py_ssize_t row0,
+                                     Py_ssize_t seq0, bint host_tables, Py_ssize_t num_groups) noexcept nogil:
+    cdef Py_ssize_t index, group
     cdef int32_t* kv_lens = meta.kv_lens + seq0
     cdef int32_t* cu_kv_seqlens = meta.cu_kv_seqlens + seq0
-    cdef int32_t* indptr = meta.kv_indptr[0] + seq0
-    cdef int32_t* last_page_len = meta.kv_last_page_len[0] + seq0
     cdef int32_t* table_slots = meta.table_slots + seq0 if meta.has_device_table else NULL
-    cdef int32_t* gather_blocks = meta.gather_blocks[0] + seq0 if meta.has_device_table else NULL
-    cdef int64_t* gather_live = meta.gather_live[0] + seq0 if meta.has_device_table else NULL
-    cdef int64_t* gather_base = meta.gather_base[0] + seq0 if meta.has_device_table else NULL
-    cdef int32_t live
+    cdef int32_t kv_len, kv_sum = cu_kv_seqlens[0], max_kv_len = meta.max_kv_len
     cdef int64_t width = meta.width, row_start = seq0 * width  # the sequence's row in the flat dense table
-    cdef int32_t kv_len, kv_sum = cu_kv_seqlens[0], live_sum = indptr[0], max_kv_len = meta.max_kv_len
+    cdef GroupRows out = group_rows(meta, 0, row0, seq0)
+    cdef int32_t live_sum = out.indptr[0]
     debug_assert(row0 + count <= meta.cap_tokens and seq0 + count <= meta.cap_seqs)
     for index in range(count):
-        spec = &meta.groups[rows[index].meta_index]
-        pos = rows[index].pos0
-        kv_len = <int32_t>(pos + 1)
-        block = block_of(pos, block_size, shift)
-        debug_assert(spec.num_released <= block and block < spec.num_blocks)  # plan_decode_run / plan_sequence
-        slots[index] = <int64_t>spec.blocks[block] * block_size + (pos - block * block_size)
+        kv_len = rows[index].pos0 + 1
         kv_lens[index] = kv_len
         kv_sum += kv_len
         cu_kv_seqlens[index + 1] = kv_sum
-        live = <int32_t>(block + 1 - spec.num_released)
-        live_sum += live
-        indptr[index + 1] = live_sum
-        last_page_len[index] = <int32_t>(kv_len - block * block_size)
         if kv_len > max_kv_len:
             max_kv_len = kv_len
-        if table_slots != NULL:  # and what the device gather reads (AttentionMetadata.write_sequence)
+        if table_slots != NULL:
             table_slots[index] = meta.sequence_slots[rows[index].meta_index]
-            gather_blocks[index] = <int32_t>(block + 1)
-            gather_live[index] = live
-            gather_base[index] = row_start + (block + 1) - live_sum
+        live_sum = write_group_row(out, &meta.groups[rows[index].meta_index * num_groups], rows[index].pos0,
+                                   index, row_start, live_sum, host_tables)
         row_start += width
+    debug_assert(not host_tables or live_sum <= meta.cap_indices[0])
     meta.max_kv_len = max_kv_len
     if count and meta.max_query_len < 1:
         meta.max_query_len = 1
+    for group in range(1, num_groups):
+        out = group_rows(meta, group, row0, seq0)
+        live_sum = out.indptr[0]
+        row_start = seq0 * width
+        for index in range(count):
+            live_sum = write_group_row(out, &meta.groups[rows[index].meta_index * num_groups + group],
+                                       rows[index].pos0, index, row_start, live_sum, host_tables)
+            row_start += width
+        debug_assert(not host_tables or live_sum <= meta.cap_indices[group])
 
 
 cdef void fill_rows(const SeqSpec* specs, Py_ssize_t first_draft_end, Py_ssize_t device_end, const PlainRow* plain,
