@@ -25,7 +25,7 @@ from tokcy.executor._host import (
     _install_fields,
     _used_length,
     capacity_lengths,
-    prepare_into,
+    written_inputs,
 )
 from tokcy.executor._metadata import LayerGroupInputs, _made_fields, block_sizes_arg, set_fields
 
@@ -218,6 +218,9 @@ class InputPreparer:
             self._host.append(HostBuffers.from_arrays(max_draft_len=self.max_draft_len,
                                                       max_beam_width=self.max_beam_width, metadata=metadata,
                                                       **arrays))
+        # per staging buffer: (backend module, its InputWriter, its AttentionMetadata or None),
+        # looked up again when the live backend changes
+        self._writers = [(None, None, None)] * num_staging_buffers
         self._events = [torch.cuda.Event() for _ in self._staging] if self.is_cuda else None
         self._recorded = [False] * num_staging_buffers
         self._next = 0
@@ -293,11 +296,15 @@ class InputPreparer:
         slot = self._next
         if self._events is not None and self._recorded[slot] and self._fence:
             self._events[slot].synchronize()  # its previous copy is done: safe to refill
-        host = prepare_into(self._host[slot], _backend.module, context_requests, generation_requests,
-                            first_draft_requests, device_token_requests, self.max_draft_len, cuda_graph_batch_sizes,
-                            self.block_sizes)
-        counts = host._counts  # the counts tuple itself: one read instead of one property per count
+        module, writer, metadata = self._writers[slot]
+        if module is not _backend.module:
+            module, writer, metadata = self._writers[slot] = self._staging_writers(slot)
+        # prepare_into(), with this staging buffer's writers at hand
+        counts = writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                                self.max_draft_len, cuda_graph_batch_sizes, self.max_beam_width, self.block_sizes)
         try:
+            results = None if metadata is None else metadata.results()  # (.., .., changed table entries, ..)
+            host = written_inputs(self._host[slot], counts, results, self.block_sizes)
             count = counts[10]  # device-token rows
             if count and int(host.device_token_slots.max()) >= previous.shape[0]:
                 # checked before the copy: a failed call leaves the device tensors as they were
@@ -305,8 +312,7 @@ class InputPreparer:
                 raise ValueError(f"seq_slot {bad} is out of range for previous_new_tokens of {previous.shape[0]} slots")
             self._next = (slot + 1) % len(self._staging)
             used = self._input_ids_end + counts[3]  # + num_tokens
-            if self.block_sizes is not None:
-                results = host._metadata[1]  # the writer's results(): (.., .., changed table entries, ..)
+            if results is not None:
                 deltas = self._input_ids_end + delta_start(counts[3])
                 used = self._input_ids_end + delta_end(counts[3], results[2])
             target, sources = self._copy_pairs.get(used) or self._new_copy_prefixes(used)
@@ -323,25 +329,32 @@ class InputPreparer:
                 start = counts[6]  # device_token_row_start
                 tokens = previous.index_select(0, self._view("device_token_slots", count))
                 self.tensors["input_ids"][start : start + count].copy_(tokens)
-            metadata = None
-            if self.block_sizes is not None:
+            made_from = None
+            if results is not None:
                 # scatter the changed entries into the device table and gather the batch's
                 # tables (device work, issued now); _set_device_metadata makes the views
                 padded = counts[5]
                 views = self._batch_view_cache.get(padded) or self._batch_views(padded)
                 tables = self.device_table.apply(self._device_packed, self._device_packed_int64, deltas, results[2],
                                                  views[0], views[2], results[3])
-                metadata = (tables, padded, counts[3], results[0], results[1])
-            inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, metadata), without the __init__ call
+                made_from = (tables, padded, counts[3], results[0], results[1])  # (the metadata views')
+            inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, made_from), without the __init__ call
             inputs._preparer = self
             inputs.host = host
-            inputs._metadata = metadata
+            inputs._metadata = made_from
             inputs._views = [None] * len(ARRAY_FIELDS)
         except BaseException:
             if self.device_table is not None:  # the host consumed the tables' changes: resend them whole
                 self.device_table.rows().forget()
             raise
         return inputs
+
+    def _staging_writers(self, slot):
+        """(the live backend, staging buffer ``slot``'s InputWriter, the AttentionMetadata it
+        writes or None): made once per backend by the HostBuffers."""
+        module = _backend.module
+        host = self._host[slot]
+        return module, host.writer(module), None if host.metadata is None else host.metadata.bound(module)
 
     def _batch_views(self, padded):
         """(table_slots, [kv_indptr per group], [(blocks as a column, live blocks, run

@@ -328,19 +328,28 @@ def prepare_inputs(context_requests, generation_requests, *, first_draft_request
 def prepare_into(out, module, context_requests, generation_requests, first_draft_requests, device_token_requests,
                  max_draft_len, cuda_graph_batch_sizes, sizes_per_group):
     """``prepare_inputs(..., out=out)`` with its arguments already checked (``sizes_per_group``:
-    a tuple of block sizes or None); ``InputPreparer`` calls it every step."""
+    a tuple of block sizes or None)."""
     writer = out._writers.get(module) or out.writer(module)
     counts = writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
                             max_draft_len, cuda_graph_batch_sizes, out.max_beam_width or 0, sizes_per_group)
+    results = None
+    if sizes_per_group is not None:
+        metadata = out.metadata
+        results = (metadata._writers.get(module) or metadata.bound(module)).results()  # bound()'s cache first
+    return written_inputs(out, counts, results, sizes_per_group)
+
+
+def written_inputs(out, counts, results, sizes_per_group):
+    """The ``PreparedInputs`` of a call that wrote ``counts`` into ``out``, with the metadata
+    writer's ``results()`` when the call gave block sizes (``InputPreparer`` calls its
+    staging buffer's writer itself, then this)."""
     prepared = _new_object(PreparedInputs)  # PreparedInputs(out.arrays, counts) without the __init__ call
     prepared._arrays = out.arrays
     prepared._counts = counts
     prepared._metadata = None
     prepared._views = [None] * len(ARRAY_FIELDS)
     if sizes_per_group is not None:
-        metadata = out.metadata
-        bound = metadata._writers.get(module) or metadata.bound(module)  # bound()'s cache, without its call
-        prepared._set_metadata(metadata, bound.results(), sizes_per_group)
+        prepared._set_metadata(out.metadata, results, sizes_per_group)
     return prepared
 
 

@@ -122,6 +122,9 @@ def prepare_into(
     cuda_graph_batch_sizes: Iterable[SupportsIndex] | None,
     sizes_per_group: tuple[int, ...] | None,
 ) -> PreparedInputs: ...
+def written_inputs(
+    out: HostBuffers, counts: tuple[int, ...], results: tuple[Any, ...] | None, sizes_per_group: tuple[int, ...] | None
+) -> PreparedInputs: ...
 def prepare_inputs(
     context_requests: Iterable[Request],
     generation_requests: Iterable[Request],
