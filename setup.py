@@ -125,7 +125,7 @@ def _extensions():
         return []
 
 
-# --- the benchmark's floor (tokcy/bench/_floor.c: the hot loops' work in plain C, timed in C).
+# --- the benchmark's floor (tokcy/bench/_floor*.c: the hot loops' work in plain C, timed in C).
 # Private, optional, under the same switches: skipped with TOKCY_NO_EXTENSIONS, fatal on
 # failure with TOKCY_REQUIRE_EXTENSIONS; otherwise a failure only drops the bench's floor column.
 # When the core itself fell back, the floor is skipped too, so the wheel stays pure Python.
@@ -136,7 +136,8 @@ def _floor_extension():
     from setuptools import Extension
 
     flags = [] if os.name == "nt" else ["-O3", "-std=gnu99"]
-    return [Extension(FLOOR, ["tokcy/bench/_floor.c"], extra_compile_args=flags)]
+    return [Extension(FLOOR, ["tokcy/bench/_floor.c", "tokcy/bench/_floor_attention.c"], extra_compile_args=flags,
+                      depends=["tokcy/bench/_floor.h"])]
 
 
 class BuildExtWithFloor(OptionalBuildExt):

@@ -479,20 +479,20 @@ def _attention_rows(flat_paired=True, long_bytes=23_760):
 
     short = Row(config={"seq_len": 2_048, "block_size": 16, "groups": 1},
                 values={"tokcy": 10e-6, "prepare_inputs": 5e-6, "preparer": 6e-6, "small_engine": 1e-3,
-                        "vllm": 100e-6},
+                        "vllm": 100e-6, "floor": 4e-6},
                 paired_rounds={attention.PREPARE_PAIR: [1.2, 1.4, 1.3], attention.TABLES_PAIR: [2.0, 1.6, 1.8]},
-                counts={attention.BYTES: 23_760})
+                floor_rounds={"tokcy": [2.0, 2.5, 2.4]}, counts={attention.BYTES: 23_760})
     long = Row(config={"seq_len": 131_072, "block_size": 16, "groups": 1},
                values={"tokcy": 15e-6, "prepare_inputs": 5e-6, "preparer": 6e-6, "small_engine": 0.375,
-                       "vllm": 90e-6},
+                       "vllm": 90e-6, "floor": 5e-6},
                paired_rounds={attention.PREPARE_PAIR: [1.4, 1.45, 1.5], attention.TABLES_PAIR: [2.5]},
                counts={attention.BYTES: long_bytes})
     if flat_paired:
         long.paired_rounds[attention.FLAT_PAIR] = [1.1, 1.2, 1.3]
     groups = Row(config={"seq_len": 131_072, "block_size": 16, "groups": 2},
                  values={"tokcy": 20e-6, "prepare_inputs": 5e-6, "preparer": 6e-6, "small_engine": 0.5,
-                         "vllm": 90e-6},
-                 counts={attention.BYTES: 30_000})
+                         "vllm": 90e-6, "floor": 5e-6},
+                 floor_rounds={"tokcy": [3.5, 4.0, 3.8]}, counts={attention.BYTES: 30_000})
     return [short, long, groups]
 
 
@@ -504,7 +504,9 @@ def test_attention_goals_from_worked_rows(backend):
     (25000x: PASS); flat in L from the paired rounds (1.20x: PASS) or, without them, the
     medians (1.50x: FAIL); the bytes per step compared at each block size and group count run
     at two L (equal: PASS; unequal: FAIL); the host tables' share of a numpy copy's bandwidth
-    (1 / 2.5 = 0.40: FAIL). The pure twin's table carries none of them."""
+    (1 / 2.5 = 0.40: FAIL); tokcy / floor per row (the floor's paired rounds' median, 2.4x and
+    3.8x, or the medians' 15 us / 5 us = 3.00x: the two-group row FAILs, the one-group rows
+    alone PASS at 3.00x). The pure twin's table carries none of them."""
     from tokcy.bench.attention import SCENARIO
 
     def verdicts(rows):
@@ -517,8 +519,10 @@ def test_attention_goals_from_worked_rows(backend):
         (True, "1.20x"),
         (True, "23,760 B at L = 2,048, 131,072 (block 16, 1 group)"),
         (False, "lowest 0.40, at L = 131,072, block 16, 1 group"),
+        (False, "worst 3.80x, at L = 131,072, block 16, 2 groups"),
     ]
     one_group = _attention_rows()[:2]
+    assert verdicts(one_group)[6] == (True, "worst 3.00x, at L = 131,072, block 16, 1 group")
     assert verdicts(one_group)[:3] == [(True, "worst 1.45x, at L = 131,072, block 16, 1 group"),
                                        (True, "lowest 6.0x"), (True, "lowest 25000x")]
     assert verdicts(_attention_rows(flat_paired=False))[3] == (False, "1.50x")
@@ -526,10 +530,10 @@ def test_attention_goals_from_worked_rows(backend):
         False, "23,760 B at L = 2,048, 24,000 B at L = 131,072 (block 16, 1 group)")
     assert verdicts([]) == [
         (None, "not run"), (None, "not run"), (None, "not run"), (None, "L = 2,048 and L = 131,072 not run"),
-        (None, "no block size and group count run at two L"), (None, "not run")]
+        (None, "no block size and group count run at two L"), (None, "not run"), (None, "no floor figure")]
     assert SCENARIO.goals(_attention_rows(), "python") == []
     assert report.goal_summary([(SCENARIO, "cython", _attention_rows())]) == \
-        "goals: 3 PASS, 3 FAIL (each under its table)"
+        "goals: 3 PASS, 4 FAIL (each under its table)"
 
 
 def test_an_attention_row_pairs_its_goals_rounds(backend, monkeypatch):
@@ -552,5 +556,7 @@ def test_an_attention_row_pairs_its_goals_rounds(backend, monkeypatch):
     assert all(len(ratios) == 2 for ratios in row.paired_rounds.values())
     assert list(row.values) == list(attention.SCENARIO.implementations)
     assert row.counts[attention.BYTES] > 0
+    if floor.available():  # the floor's rounds ran beside tokcy's too
+        assert len(row.floor_rounds["tokcy"]) == 2 and row.values["floor"] > 0
     other = attention.SCENARIO.run({"seq_len": 32, "block_size": 16, "groups": 1}, backend, plan)
     assert set(other.paired_rounds) == {attention.PREPARE_PAIR, attention.TABLES_PAIR}

@@ -1,9 +1,9 @@
 """The bench's floor (tokcy.bench._floor): the same work as tokcy's loops, counted, never timed.
 
 The floor returns, beside its timings, how much it wrote: the token rows of every timed
-``prepare`` call and the tokens plus block ids of every timed ``report``. Those counts
-must equal what tokcy's own loops produce for the same batch (the floor is only a fair
-floor if it does the same work).
+``prepare`` call, the tokens plus block ids of every timed ``report``, and the bytes every
+timed ``attention`` step copied to the device. Those counts must equal what tokcy's own
+loops produce for the same batch (the floor is only a fair floor if it does the same work).
 """
 
 import pytest
@@ -50,6 +50,58 @@ def test_report_copies_the_entries_the_connector_reports(backend, num_requests, 
     assert reported == by_hand
 
 
+@pytest.mark.parametrize("seq_len, block_size, num_groups", [(64, 16, 1), (64, 16, 2), (50, 3, 2), (16, 16, 1)])
+def test_attention_copies_the_bytes_the_preparer_copies(backend, seq_len, block_size, num_groups):
+    """The attention scenario's step (32 requests, one table in 16 touched per step: two a
+    step) copies as many bytes in the floor as InputPreparer.prepare does: the same packed
+    layout, the same changed entries."""
+    pytest.importorskip("torch")
+    from tokcy.bench.attention import World
+    from tokcy.executor import InputPreparer
+
+    world = World(backend, seq_len, block_size, num_groups, batch=32)
+    preparer = InputPreparer(32, 32, block_sizes=(block_size,) * num_groups, max_blocks_per_seq=world.width,
+                             max_slots=32)
+    preparer.prepare([], world.requests)  # the first step sends every table whole
+    sent = []
+    for _ in range(3):
+        world.touch()
+        preparer.prepare([], world.requests)
+        sent.append(preparer.last_copy_bytes)
+    assert len(set(sent)) == 1  # steady: two tables touched every step
+    reps, rounds = 3, 2
+    _, copied = floor._floor.attention(32, seq_len, block_size, num_groups, world.every, reps, rounds)
+    assert copied == reps * rounds * sent[0]
+    if (seq_len, block_size, num_groups) == (64, 16, 1):
+        # by hand: kv_lens 32, cu_kv_seqlens 33, table_slots 32, kv_indptr 33, last-page 32,
+        # slots 64 (int64), gather blocks 32, live 64, run starts 64, cu_seqlens 33, a word to
+        # align the request ids 64, seq_lens, cached, prompt lens, draft lens, device slots 32
+        # each, gather ids 32, positions 32; then the ids 32 and two entries of 3 words
+        words = 32 + 33 + 32 + 33 + 32 + 64 + 32 + 64 + 64 + 33 + 1 + 64 + 5 * 32 + 32 + 32
+        assert sent[0] == 4 * (words + 32 + 2 * 3)
+
+
+@pytest.mark.parametrize("seq_len, block_size, num_groups", [(64, 16, 1), (50, 3, 2), (16, 16, 2)])
+def test_attention_writes_what_the_preparer_sends(backend, seq_len, block_size, num_groups):
+    """After the same steps (the first sends every table, then each touches two tables),
+    the floor's device buffer holds, byte for byte, what InputPreparer copied to its
+    device: every token input, every metadata array and the changed entries, in order."""
+    pytest.importorskip("torch")
+    from tokcy.bench.attention import World
+    from tokcy.executor import InputPreparer
+
+    world = World(backend, seq_len, block_size, num_groups, batch=32)
+    preparer = InputPreparer(32, 32, block_sizes=(block_size,) * num_groups, max_blocks_per_seq=world.width,
+                             max_slots=32)
+    preparer.prepare([], world.requests)
+    for _ in range(3):
+        world.touch()
+        preparer.prepare([], world.requests)
+    sent = preparer._device_packed.numpy()[: preparer.last_copy_bytes // 4].tobytes()
+    # the floor's world starts as the preparer's after its first step: every row sent
+    assert floor._floor.attention_buffer(32, seq_len, block_size, num_groups, world.every, 3) == sent
+
+
 @pytest.mark.backend_free("the floor is plain C of its own, not a tokcy backend")
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="reps, rounds >= 1"):
@@ -60,6 +112,14 @@ def test_bad_sizes_are_refused():
         floor._floor.report(4, 16, 0, 1, 1)
     with pytest.raises(TypeError):
         floor._floor.report(4, 16, 32, 1)
+    with pytest.raises(ValueError, match="num_groups 1 or 2"):
+        floor._floor.attention(4, 16, 16, 3, 16, 1, 1)
+    with pytest.raises(ValueError, match="sizes too large"):
+        floor._floor.attention(1, 2**62, 1, 1, 1, 1, 1)
+    with pytest.raises(ValueError, match="sizes too large"):
+        floor._floor.prepare(1, 2**62, 0, 0, 1, 1)
+    with pytest.raises(ValueError, match="2\\*\\*31 entries or more"):
+        floor._floor.attention_buffer(2**16, 2**14, 1, 2, 1, 1)
 
 
 @pytest.mark.backend_free("the floor is plain C of its own, not a tokcy backend")

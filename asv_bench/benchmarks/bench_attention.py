@@ -3,12 +3,16 @@
 Host work per step of tokcy's ``InputPreparer.prepare`` with a block size (the device-side
 scatter and gather stubbed out and timed apart, as in the CLI scenario), against the
 small-engine pattern (a) and the vLLM pattern (b), for 256 decode requests of L tokens;
-and the bytes each sends host-to-device per step.
+and the bytes each sends host-to-device per step. ``FloorAttention`` is tokcy's step as
+plain C, timed in C (``tokcy.bench._floor``), as a ``track_`` figure in seconds per step.
 """
 
-from tokcy.bench import attention
+from tokcy.bench import attention, floor
+from tokcy.bench.timing import Plan
 
-from ._common import BACKENDS, torch_on_bench_threads, use_backend
+from ._common import BACKENDS, NeedsFloor, torch_on_bench_threads, use_backend
+
+FLOOR_PLAN = Plan(rounds=5, per_round=9)
 
 # The world of the last parameter combination, built once: asv may call setup before
 # every sample, and building 256 requests of 131,072 tokens takes longer than timing.
@@ -57,3 +61,16 @@ class AttentionMetadata:
 
     def track_bytes_per_step_vllm(self, *_):
         return self.vllm_bytes
+
+
+class FloorAttention(NeedsFloor):
+    """The floor of AttentionMetadata.time_tokcy: the same step as plain C, seconds per step timed in C."""
+
+    params = ([2_048, 32_768, 131_072], [16, 256], [1, 2])
+    param_names = ["seq_len", "block_size", "groups"]
+
+    def track_floor(self, seq_len, block_size, groups):
+        return floor.attention(FLOOR_PLAN, attention.BATCH, seq_len, block_size, groups,
+                               attention.touch_every(block_size)).median
+
+    track_floor.unit = "seconds"

@@ -1,4 +1,5 @@
-/* The floor: the work of tokcy's two hot loops written as plain C over C arrays.
+/* The floor: the work of tokcy's hot loops written as plain C over C arrays (the attention
+ * metadata's in _floor_attention.c).
  *
  * A private benchmark helper (not tokcy's API). Each function builds its own batch in C
  * (every request a separate heap object with its own token storage, allocated in a
@@ -7,12 +8,7 @@
  * many repetitions and returns seconds per call for each round. No Python runs inside
  * the timed region. The outputs are the same arrays, dtypes and bytes tokcy writes.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
+#include "_floor.h"
 
 typedef struct {
     int32_t *tokens;       /* beam 0 */
@@ -34,14 +30,14 @@ typedef struct {  /* what the connector has reported per request (kept by slot) 
     int64_t num_blocks;
 } FloorSlot;
 
-static double now(void) {
+FLOOR_INTERNAL double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 static uint64_t rng_state = 88172645463325252ULL;
-static uint64_t next_random(void) {
+FLOOR_INTERNAL uint64_t next_random(void) {
     rng_state ^= rng_state << 13;
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
@@ -50,18 +46,24 @@ static uint64_t next_random(void) {
 
 static void free_requests(FloorRequest **requests, Py_ssize_t count, void **spacers);
 
-/* B requests allocated in a shuffled order, with a spacer allocation between them. */
-static FloorRequest **make_requests(Py_ssize_t count, int64_t capacity, int64_t block_capacity, void ***spacers) {
-    FloorRequest **requests = calloc((size_t)count, sizeof(FloorRequest *));
-    Py_ssize_t *order = malloc((size_t)count * sizeof(Py_ssize_t));
-    *spacers = calloc((size_t)count, sizeof(void *));
-    if (!requests || !order || !*spacers) goto fail;
+FLOOR_INTERNAL Py_ssize_t *shuffled_order(Py_ssize_t count) {
+    Py_ssize_t *order = malloc((size_t)(count > 0 ? count : 1) * sizeof(Py_ssize_t));
+    if (!order) return NULL;
     for (Py_ssize_t i = 0; i < count; i++) order[i] = i;
     for (Py_ssize_t i = count - 1; i > 0; i--) {
         Py_ssize_t j = (Py_ssize_t)(next_random() % (uint64_t)(i + 1)), swap = order[i];
         order[i] = order[j];
         order[j] = swap;
     }
+    return order;
+}
+
+/* B requests allocated in a shuffled order, with a spacer allocation between them. */
+static FloorRequest **make_requests(Py_ssize_t count, int64_t capacity, int64_t block_capacity, void ***spacers) {
+    FloorRequest **requests = calloc((size_t)count, sizeof(FloorRequest *));
+    Py_ssize_t *order = shuffled_order(count);
+    *spacers = calloc((size_t)count, sizeof(void *));
+    if (!requests || !order || !*spacers) goto fail;
     for (Py_ssize_t k = 0; k < count; k++) {
         FloorRequest *request = calloc(1, sizeof(FloorRequest));
         if (!request) goto fail;
@@ -166,12 +168,34 @@ static PyObject *round_list(const double *seconds, Py_ssize_t rounds) {
     return list;
 }
 
-static int check_sizes(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c, Py_ssize_t reps, Py_ssize_t rounds) {
+FLOOR_INTERNAL PyObject *timed_result(const double *seconds, Py_ssize_t rounds, int64_t work) {
+    PyObject *list = round_list(seconds, rounds);
+    return list ? Py_BuildValue("(NL)", list, (long long)work) : NULL;
+}
+
+FLOOR_INTERNAL int check_sizes(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c, Py_ssize_t reps, Py_ssize_t rounds) {
     if (a < 0 || b < 0 || c < 0 || reps < 1 || rounds < 1) {
         PyErr_SetString(PyExc_ValueError, "sizes must be >= 0 and reps, rounds >= 1");
         return -1;
     }
+    if (a > INT32_MAX || b > INT32_MAX || c > INT32_MAX || (a && b > INT32_MAX / a)) {
+        PyErr_SetString(PyExc_ValueError, "sizes too large: the batch must hold fewer than 2**31 tokens");
+        return -1;
+    }
     return 0;
+}
+
+typedef struct {
+    FloorRequest **context;
+    Py_ssize_t num_context;
+    FloorRequest **generation;
+    Py_ssize_t num_generation;
+    const PrepareOutputs *out;
+} PrepareCall;
+
+static int64_t prepare_call(void *state) {
+    const PrepareCall *call = state;
+    return prepare_once(call->context, call->num_context, call->generation, call->num_generation, call->out);
 }
 
 PyDoc_STRVAR(prepare_doc,
@@ -235,21 +259,11 @@ static PyObject *floor_prepare(PyObject *self, PyObject *args) {
         r->chunk = chunk;
         r->request_id = 0;
     }
+    PrepareCall call = {context, num_context, generation, num_generation, &out};
     Py_BEGIN_ALLOW_THREADS
-    prepare_once(context, num_context, generation, num_generation, &out);  /* warm-up, not counted */
-    for (Py_ssize_t round = 0; round < rounds; round++) {
-        double start = now();
-        for (Py_ssize_t rep = 0; rep < reps; rep++) {
-            checksum += prepare_once(context, num_context, generation, num_generation, &out);
-            __asm__ __volatile__("" ::: "memory");  /* every repetition writes its outputs */
-        }
-        seconds[round] = (now() - start) / (double)reps;
-    }
+    checksum = time_calls(prepare_call, &call, reps, rounds, seconds);
     Py_END_ALLOW_THREADS
-    {
-        PyObject *list = round_list(seconds, rounds);
-        if (list) result = Py_BuildValue("(NL)", list, (long long)checksum);
-    }
+    result = timed_result(seconds, rounds, checksum);
 done:
     free_requests(generation, num_generation, spacers);
     free_requests(context, num_context, context_spacers);
@@ -372,10 +386,7 @@ static PyObject *floor_report(PyObject *self, PyObject *args) {
     }
     checksum -= warm;
     Py_END_ALLOW_THREADS
-    {
-        PyObject *list = round_list(seconds, rounds);
-        if (list) result = Py_BuildValue("(NL)", list, (long long)checksum);
-    }
+    result = timed_result(seconds, rounds, checksum);
 done:
     free_requests(requests, count, spacers);
     free(slots);
@@ -388,12 +399,14 @@ done:
 static PyMethodDef methods[] = {
     {"prepare", floor_prepare, METH_VARARGS, prepare_doc},
     {"report", floor_report, METH_VARARGS, report_doc},
+    {"attention", floor_attention, METH_VARARGS, floor_attention_doc},
+    {"attention_buffer", floor_attention_buffer, METH_VARARGS, floor_attention_buffer_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "tokcy.bench._floor",
-    "The floor: tokcy's two hot loops as plain C over C arrays, timed in C (a private benchmark helper).",
+    "The floor: tokcy's hot loops as plain C over C arrays, timed in C (a private benchmark helper).",
     -1, methods,
 };
 

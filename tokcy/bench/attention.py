@@ -21,7 +21,10 @@ Implementations (seconds of host work per step):
   list, slot and lengths in Python, the tables padded per step, new tensors per step;
 * ``vllm``: (b) the vLLM pattern: a persistent numpy ``[requests, max_blocks]`` table
   (kept by the engine as blocks are allocated: not timed), numpy slot mapping, and the
-  batch's full rows copied to a persistent device tensor every step.
+  batch's full rows copied to a persistent device tensor every step;
+* ``floor``: ``tokcy``'s step as plain C over C arrays, timed in C (``tokcy.bench._floor``):
+  the touch, the token row and the metadata of every request, the changed device-table
+  entries, the staging buffer's used prefix copied; the same bytes as tokcy's copy.
 
 Notes per row: the bytes each sends host-to-device per step, and the host-only dense and
 CSR tables of ``prepare_inputs(..., block_size=...)`` as bandwidth against a numpy copy of
@@ -31,18 +34,18 @@ Goals (the compiled core's; each read from the same run, with a verdict): tokcy 
 of ``prepare_inputs`` on every row; at L = 131,072 and block 16, at least 5x less host work
 than ``vllm`` and 20x less than ``small_engine``; flat in L (L = 131,072 within 1.2x of
 L = 2,048, block 16, one group); tokcy's bytes per step the same at every L; the host
-tables at least half a numpy copy's bandwidth. The ratios of two of tokcy's own figures
-read rounds timed side by side (``timing.Beside``): ``prepare_inputs`` is timed a round at
-a time right after each of tokcy's rounds, the numpy copy right after each of the host
-tables' rounds, and the row of L = 131,072 (block 16, one group) times tokcy on a world of
-L = 2,048 beside its own.
+tables at least half a numpy copy's bandwidth; tokcy within 3x of the floor on every row.
+The ratios of two figures read rounds timed side by side (``timing.Beside``):
+``prepare_inputs`` and the floor are timed a round at a time right after each of tokcy's
+rounds, the numpy copy right after each of the host tables' rounds, and the row of
+L = 131,072 (block 16, one group) times tokcy on a world of L = 2,048 beside its own.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tokcy.bench import goals
+from tokcy.bench import floor, goals
 from tokcy.bench.report import format_config
 from tokcy.bench.scenario import Goal, Row, Scenario, median_or_ratio, pair_key
 from tokcy.bench.timing import StepBeside, after_each, measure
@@ -57,13 +60,20 @@ CONFIGS = {
 # the goals: tokcy / prepare_inputs at most PREPARE_FACTOR on every row; at L = LONG and block
 # GOAL_BLOCK, at least VLLM_FACTOR and SMALL_ENGINE_FACTOR less host work than those
 # patterns; tokcy at L = LONG within FLAT_FACTOR of tokcy at L = SHORT (block GOAL_BLOCK, one
-# group); the host tables at least TABLES_SHARE of a numpy copy's bandwidth
+# group); the host tables at least TABLES_SHARE of a numpy copy's bandwidth; tokcy within
+# FLOOR_FACTOR of the floor (as the executor's and the connector's goals)
 PREPARE_FACTOR, VLLM_FACTOR, SMALL_ENGINE_FACTOR, FLAT_FACTOR, TABLES_SHARE = 1.5, 5, 20, 1.2, 0.5
+FLOOR_FACTOR = 3.0
 SHORT, LONG, GOAL_BLOCK = 2_048, 131_072, 16
 PREPARE_PAIR = pair_key("tokcy", "prepare_inputs")
 FLAT_PAIR = pair_key("tokcy", f"tokcy at L = {SHORT:,}")  # its paired rounds, in the flat row
 TABLES_PAIR = pair_key("host tables", "numpy copy")
 BYTES = "tokcy bytes per step"  # Row.counts key
+
+
+def touch_every(block_size):
+    """One request in this many gets a new block per step (16 at block 16, 256 at 256)."""
+    return 16 if block_size <= 16 else 256
 
 
 class World:
@@ -83,7 +93,7 @@ class World:
             for group, table in enumerate(request.block_tables):
                 table.extend(np.arange(self.width, dtype=np.int32) + (group * batch + index) * self.width)
             self.requests.append(request)
-        self.every = 16 if block_size <= 16 else 256  # one request in 16 gains a block per step at bs 16
+        self.every = touch_every(block_size)
         self.step_index = 0
 
     def touch(self):
@@ -209,14 +219,16 @@ class Attention(Scenario):
     name = "attention"
     title = "Attention metadata: host work of a decode step, 256 requests of L tokens"
     columns = (("seq_len", "L (tokens)"), ("block_size", "block"), ("groups", "groups"))
-    implementations = ("tokcy", "prepare_inputs", "preparer", "small_engine", "vllm")
+    implementations = ("tokcy", "prepare_inputs", "preparer", "small_engine", "vllm", "floor")
     needs = ("torch", "tokcy.executor")
     legend = (
         "tokcy: InputPreparer.prepare with a block size (tokens + slot mapping + KV lengths + CSR offsets, changed "
         "block-table entries staged, one packed copy); device-side scatter/gather stubbed out and timed apart",
         "prepare_inputs: today's token inputs alone, each round timed right after one of tokcy's; preparer: "
         "InputPreparer.prepare without a block size; small_engine: (a) padded Python lists + new tensors per step; "
-        "vllm: (b) persistent numpy table, numpy slots, full rows copied per step",
+        "vllm: (b) persistent numpy table, numpy slots, full rows copied per step; floor: tokcy's step as plain C "
+        "over C arrays (the touch, tokens, metadata, changed entries, the packed copy), timed in C; tokcy/floor: the "
+        "median over rounds of tokcy's round over the floor's, timed right after it",
     )
     plot_x = "seq_len"
     plot_xlabel = "sequence length L (tokens), block 16, one group"
@@ -252,10 +264,13 @@ class Attention(Scenario):
                 LONG, GOAL_BLOCK, 1):
             short = StepBeside(tokcy_preparer(World(backend, SHORT, GOAL_BLOCK, 1, batch=batch))[0], plan,
                                number=None)
-        beside = after_each([rounds for rounds in (host_rounds, short) if rounds is not None])
+        floor_rounds = floor.attention_rounds(len(world.requests), config["seq_len"], config["block_size"],
+                                              config["groups"], world.every, plan)
+        beside = after_each([rounds for rounds in (host_rounds, short, floor_rounds) if rounds is not None])
         timings = {name: measure(step, plan, after_round=beside if name == "tokcy" else None)
                    for name, step in steps.items()}
         timings["prepare_inputs"] = host_rounds.timing()
+        timings["floor"] = floor_rounds.timing() if floor_rounds else None
         timings = {name: timings[name] for name in self.implementations}
         paired = {PREPARE_PAIR: host_rounds.ratios(timings["tokcy"])}
         if short is not None:
@@ -271,8 +286,9 @@ class Attention(Scenario):
                 f"tokcy {tokcy_bytes:,}, small_engine {small_bytes:,}, vllm {vllm_bytes:,}; device-side "
                 f"scatter+gather (CPU) {device_timing.median * 1e6:.1f} us; host dense+CSR tables "
                 f"{bandwidth:.2f} GB/s vs numpy copy {copy_bandwidth:.2f} GB/s ({table_bytes:,} bytes)")
-        return Row(config=dict(config), values={name: t.median for name, t in timings.items()},
-                   timings={name: t.as_dict() for name, t in timings.items()}, note=note, paired_rounds=paired,
+        return Row(config=dict(config), values={name: (t.median if t else None) for name, t in timings.items()},
+                   timings={name: t.as_dict() for name, t in timings.items() if t}, note=note, paired_rounds=paired,
+                   floor_rounds={"tokcy": floor_rounds.ratios(timings["tokcy"])} if floor_rounds else {},
                    counts={BYTES: tokcy_bytes})
 
     def goals(self, rows, backend):
@@ -291,6 +307,7 @@ class Attention(Scenario):
                        "one group)", (short_label, long_label), paired=FLAT_PAIR),
             bytes_independent_of_length(rows),
             tables_bandwidth(rows),
+            within_floor(rows),
         ]
 
     def plot_series(self, rows):
@@ -338,6 +355,17 @@ def bytes_independent_of_length(rows) -> Goal:
             each = ", ".join(f"{format_config(sent[length])} B at L = {length:,}" for length in sorted(sent))
             parts.append(f"{each} ({where})")
     return Goal(text, "; ".join(parts), same)
+
+
+def within_floor(rows, factor=FLOOR_FACTOR) -> Goal:
+    """tokcy / floor at most ``factor`` on every row (the median of their paired rounds'
+    ratios), the worst row named."""
+    text = f"tokcy within {factor:g}x of the floor on every row"
+    ratios = [(row.floor_ratio(), row.config) for row in rows if row.floor_ratio() is not None]
+    if not ratios:
+        return Goal(text, "no floor figure", None)
+    worst, config = max(ratios, key=lambda pair: pair[0])
+    return Goal(text, f"worst {worst:.2f}x, at {shape(config)}", worst <= factor)
 
 
 def tables_bandwidth(rows, share=TABLES_SHARE) -> Goal:

@@ -1,6 +1,6 @@
 """The ``floor`` column: the same work as tokcy's hot loops, as plain C timed in C.
 
-``tokcy.bench._floor`` (compiled from ``tokcy/bench/_floor.c`` with the package, optional)
+``tokcy.bench._floor`` (compiled from ``tokcy/bench/_floor*.c`` with the package, optional)
 builds the batch of a configuration in C (every request its own heap object and token
 storage, allocated in a shuffled order) and times the loop with ``clock_gettime`` around
 many repetitions, so no Python is counted. The samples (each about 50 us of calls) are
@@ -79,6 +79,16 @@ def report_rounds(num_requests: int, num_tokens: int, block_size: int, plan) -> 
                   plan, reps)
 
 
+def attention_rounds(num_requests: int, seq_len: int, block_size: int, num_groups: int, every: int,
+                     plan) -> Rounds | None:
+    """The attention scenario's step: the touch, the tokens and metadata, the packed copy."""
+    if _floor is None:
+        return None
+    reps = _repetitions(12e-9 * num_requests * (1 + num_groups) + 100e-9)
+    return Rounds(lambda reps, samples: _floor.attention(num_requests, seq_len, block_size, num_groups, every, reps,
+                                                         samples), plan, reps)
+
+
 def _all_rounds(rounds: Rounds | None, plan) -> Timing | None:
     if rounds is None:
         return None
@@ -95,3 +105,8 @@ def prepare(plan, num_generation: int, seq_len: int, num_drafts: int, chunk: int
 def report(plan, num_requests: int, num_tokens: int, block_size: int) -> Timing | None:
     """The floor of build_scheduler_output alone, every round at once."""
     return _all_rounds(report_rounds(num_requests, num_tokens, block_size, plan), plan)
+
+
+def attention(plan, num_requests: int, seq_len: int, block_size: int, num_groups: int, every: int) -> Timing | None:
+    """The floor of the attention scenario's step alone, every round at once."""
+    return _all_rounds(attention_rounds(num_requests, seq_len, block_size, num_groups, every, plan), plan)
