@@ -133,3 +133,26 @@ def test_a_plan_taken_over_by_another_writer_is_refused(backend):
     with pytest.raises(RuntimeError, match="planned by another writer"):
         first.write()
     assert second.write()[3] == 1
+
+
+@pytest.mark.parametrize("width, error, message", [
+    (4.0, TypeError, "max_blocks_per_seq must be an integer, not float"),
+    ("4", TypeError, "max_blocks_per_seq must be an integer, not str"),
+    (0, ValueError, "max_blocks_per_seq must be >= 1, got 0"),
+])
+def test_bind_names_a_bad_max_blocks_per_seq_and_keeps_its_arrays(backend, width, error, message):
+    """AttentionMetadata.bind converts max_blocks_per_seq as both backends do (a float was
+    taken by the pure twin); a refused call leaves the metadata bound as it was, so a
+    decode step still writes its rows (block 4, 4 columns: slot 4 * 7 + 1 = 29)."""
+    metadata = backend.AttentionMetadata()
+    arrays = (np.zeros(2, np.int32), np.zeros(3, np.int32), (np.zeros(2, np.int64),), (np.zeros(3, np.int32),),
+              (np.zeros(2, np.int32),))
+    metadata.bind(4, *arrays)
+    with pytest.raises(error, match=f"^{message}$"):
+        metadata.bind(width, *arrays)
+    holder = HostBuffers(2, 2)
+    writer = backend.InputWriter()
+    writer.bind(*holder.arrays)
+    writer.set_metadata(metadata)
+    writer.prepare([], [request(backend, 1, 6, [3, 7])], (), (), 0, None, 0, (4,))
+    assert arrays[2][0][:1].tolist() == [29]

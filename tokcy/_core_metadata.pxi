@@ -84,13 +84,13 @@ cdef class AttentionMetadata:
         free(self.sequence_slots)
         free(self.changed_specs)
 
-    def bind(self, Py_ssize_t max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
+    def bind(self, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
              block_table=None, kv_indices=None):
         """Write into these arrays: per sequence ``kv_lens``, ``cu_kv_seqlens``; per group (a
         tuple each) ``slot_mapping`` (int64), ``kv_indptr``, ``kv_last_page_len`` and, unless
         None (a device gathers them), ``block_table`` (2-D, max_blocks_per_seq columns) and
         ``kv_indices``. Every array C-contiguous and writable."""
-        cdef Py_ssize_t group, count
+        cdef Py_ssize_t group, count, width
         cdef int32_t[:, ::1] dense
         cdef int64_t* slots[MAX_LAYER_GROUPS]
         cdef int32_t* indptr[MAX_LAYER_GROUPS]
@@ -103,8 +103,8 @@ cdef class AttentionMetadata:
         cdef Py_ssize_t cap_tokens = -1, cap_seqs
         if self.busy:
             _checks.metadata_busy()
-        _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr,
-                                      kv_last_page_len, block_table, kv_indices)  # the twin's checks and order
+        width = _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr,
+                                              kv_last_page_len, block_table, kv_indices)  # the twin's checks and order
         count = len(slot_mapping)
         arrays = (kv_lens, cu_kv_seqlens, tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len),
                   None if block_table is None else tuple(block_table),
@@ -141,7 +141,7 @@ cdef class AttentionMetadata:
         self.rows = None
         self._device_arrays = None
         self._arrays = arrays
-        self.width = max_blocks_per_seq
+        self.width = width
         self.kv_lens = lens
         self.cu_kv_seqlens = cu_lens
         self.cap_tokens = cap_tokens

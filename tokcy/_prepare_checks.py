@@ -7,7 +7,7 @@ exception with the same message whichever backend is live. Each function raises.
 import numpy as np
 
 from tokcy._state import RequestState
-from tokcy._tokens import INT32_MAX, as_index
+from tokcy._tokens import INT32_MAX, as_index, as_integer
 
 MAX_METADATA_GROUPS = 16  # layer groups one AttentionMetadata writes (the compiled core sizes its arrays by it)
 
@@ -221,10 +221,12 @@ def check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mappi
                           block_table, kv_indices):
     """``AttentionMetadata.bind``'s arguments, checked in one order for both backends:
     the group counts, then every array (numpy only: nothing else is written through a
-    pointer), so that a bad argument raises the same error whichever backend is live."""
+    pointer), so that a bad argument raises the same error whichever backend is live.
+    Returns ``max_blocks_per_seq`` as an int (TypeError, naming it, if it is no integer)."""
     count = len(slot_mapping)
     if count < 1 or count > MAX_METADATA_GROUPS:
         raise ValueError(f"between 1 and {MAX_METADATA_GROUPS} layer groups, got {count}")
+    max_blocks_per_seq = as_integer(max_blocks_per_seq, "max_blocks_per_seq")
     if max_blocks_per_seq < 1:
         raise ValueError(f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq}")
     if len(kv_indptr) != count or len(kv_last_page_len) != count:
@@ -245,6 +247,7 @@ def check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mappi
                 raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, "
                                  f"got {block_table[group].shape[1]}")
             check_writable_array("kv_indices", kv_indices[group], np.int32)
+    return max_blocks_per_seq
 
 
 def check_device_table_arrays(table_slots, delta_area, gathers):

@@ -103,8 +103,8 @@ class AttentionMetadata:
         if self.busy:
             _checks.metadata_busy()
         # every argument checked, in one order for both backends, before anything changes
-        _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr,
-                                      kv_last_page_len, block_table, kv_indices)
+        max_blocks_per_seq = _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping,
+                                                           kv_indptr, kv_last_page_len, block_table, kv_indices)
         count = len(slot_mapping)
         self.release()
         self.has_device_table = False  # the device table is bound to the old arrays: bind it again

@@ -325,10 +325,15 @@ def within_prepare_inputs(rows, factor=PREPARE_FACTOR) -> Goal:
     rounds' ratios where a row has them), the worst row named."""
     text = f"tokcy within {factor:g}x of prepare_inputs on every row (a step with all the metadata over the " \
            "token inputs alone)"
-    ratios = [(row.paired_ratio("tokcy", "prepare_inputs"), row.config) for row in rows]
-    ratios = [(ratio, config) for ratio, config in ratios if ratio]
+    return worst_ratio(rows, lambda row: row.paired_ratio("tokcy", "prepare_inputs"), text, factor, "not run")
+
+
+def worst_ratio(rows, ratio_of, text, factor, missing) -> Goal:
+    """The goal ``text``: ``ratio_of(row)`` at most ``factor`` on every row that has one, the
+    worst row named (``missing``: the verdict's text when no row has one)."""
+    ratios = [(ratio, row.config) for row in rows if (ratio := ratio_of(row))]
     if not ratios:
-        return Goal(text, "not run", None)
+        return Goal(text, missing, None)
     worst, config = max(ratios, key=lambda pair: pair[0])
     return Goal(text, f"worst {worst:.2f}x, at {shape(config)}", worst <= factor)
 
@@ -360,12 +365,8 @@ def bytes_independent_of_length(rows) -> Goal:
 def within_floor(rows, factor=FLOOR_FACTOR) -> Goal:
     """tokcy / floor at most ``factor`` on every row (the median of their paired rounds'
     ratios), the worst row named."""
-    text = f"tokcy within {factor:g}x of the floor on every row"
-    ratios = [(row.floor_ratio(), row.config) for row in rows if row.floor_ratio() is not None]
-    if not ratios:
-        return Goal(text, "no floor figure", None)
-    worst, config = max(ratios, key=lambda pair: pair[0])
-    return Goal(text, f"worst {worst:.2f}x, at {shape(config)}", worst <= factor)
+    return worst_ratio(rows, lambda row: row.floor_ratio(), f"tokcy within {factor:g}x of the floor on every row",
+                       factor, "no floor figure")
 
 
 def tables_bandwidth(rows, share=TABLES_SHARE) -> Goal:
