@@ -106,6 +106,40 @@ def test_device_inputs_fields_are_read_only_views_made_once(backend):
             setattr(result, name, None)
 
 
+def test_device_inputs_host_is_made_on_first_read(backend, monkeypatch):
+    """``DeviceInputs.host`` is made when first read (counted: the PreparedInputs made), then
+    kept, and holds what ``prepare_inputs`` returns for the same step: token arrays, counts
+    and the host-written metadata."""
+    from tokcy.executor import _device
+
+    made = []
+    real = _device.written_inputs
+    monkeypatch.setattr(_device, "written_inputs", lambda *args: made.append(args) or real(*args))
+
+    def batch():
+        requests = []
+        for index, length in enumerate((5, 9, 17)):
+            request = backend.Request(index, list(range(10 * index, 10 * index + length)))
+            request.state = RequestState.GENERATION_IN_PROGRESS
+            request.seq_slot = index
+            request.block_tables[0].extend([7 * index + block for block in range(length // 4 + 1)])
+            requests.append(request)
+        return requests
+
+    preparer = InputPreparer(8, 4, block_size=4, max_blocks_per_seq=6)
+    result = preparer.prepare([], batch())
+    assert made == []
+    host = result.host
+    assert len(made) == 1 and result.host is host and len(made) == 1
+    expected = prepare_inputs([], batch(), block_size=4)
+    for name in ARRAY_FIELDS:
+        np.testing.assert_array_equal(getattr(host, name), getattr(expected, name), err_msg=name)
+    for name in COUNT_FIELDS:
+        assert getattr(host, name) == getattr(result, name) == getattr(expected, name), name
+    assert host.kv_lens.tolist() == expected.kv_lens.tolist() == [5, 9, 17]
+    assert host.groups[0].slot_mapping.tolist() == expected.groups[0].slot_mapping.tolist() == [4, 36, 72]
+
+
 def test_cpu_errors_leave_device_tensors_alone(backend):
     preparer = InputPreparer(4, 2)
     generation = backend.Request(1, [1, 2, 3])

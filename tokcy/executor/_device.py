@@ -82,6 +82,7 @@ def _packed_layout(max_num_tokens, max_batch_size, max_draft_len, num_groups=0):
 
 
 _new_object = object.__new__
+_NUM_ARRAYS = len(ARRAY_FIELDS)
 _MAX_CACHED_VIEWS = 4096  # per field; lengths are bounded by the capacities anyway
 
 
@@ -93,16 +94,27 @@ class DeviceInputs:
 
     A view is made when first read, and the preparer keeps the views it made by length:
     slicing a tensor costs a microsecond or two, and decode batches repeat their sizes.
+    ``host`` too is made when first read: a step that only feeds the device never pays
+    for it.
     """
 
-    __slots__ = ("host", "_preparer", "_metadata", "_views")
+    __slots__ = ("_preparer", "_counts", "_host", "_metadata", "_views")
 
     # Every field is a read-only property (defined below the class), as in PreparedInputs.
     def __init__(self, preparer, host, metadata=None):
         self._preparer = preparer
-        self.host = host
+        self._counts = host._counts
+        self._host = host
         self._metadata = metadata  # what the metadata views are made from, on first read
-        self._views = [None] * len(ARRAY_FIELDS)
+        self._views = [None] * _NUM_ARRAYS
+
+    @property
+    def host(self):
+        """The ``PreparedInputs`` of this step in the staging buffer (numpy views)."""
+        host = self._host
+        if type(host) is tuple:  # (staging HostBuffers, the metadata's results): made now, once
+            host = self._host = written_inputs(host[0], self._counts, host[1], self._preparer.block_sizes)
+        return host
 
     def _metadata_fields(self):
         return _made_fields(self, self._preparer._set_device_metadata)  # from (tables, padded, ...)
@@ -116,8 +128,8 @@ def _device_array_property(index, name):
     def read(self):
         views = self._views
         view = views[index]
-        if view is None:  # its length from the counts: the host's view need not be made
-            view = views[index] = self._preparer._view(name, _used_length(index, self.host._counts))
+        if view is None:
+            view = views[index] = self._preparer._view(name, _used_length(index, self._counts))
         return view
 
     read.__name__ = name
@@ -126,7 +138,7 @@ def _device_array_property(index, name):
 
 def _device_count_property(index, name):
     def read(self):
-        return self.host._counts[index]
+        return self._counts[index]
 
     read.__name__ = name
     return property(read, doc=f"``{name}`` (an int, the host's).")
@@ -195,7 +207,7 @@ class InputPreparer:
         self.tensors = {name: self._field(self._device_packed, name) for name in ARRAY_FIELDS}
         self._views = {name: {} for name in ARRAY_FIELDS}
         self._batch_view_cache = {}  # padded batch size -> _batch_views(): the per-sequence metadata views
-        self._copy_pairs = {}  # used int32 words -> (device prefix, staging prefixes per ring slot)
+        self._copies = {}  # (tokens, changed table entries) -> what _new_copy() made for them
         # On a CPU "device" the packed copy is a plain memcpy between two host buffers: done
         # through numpy views of the same memory it costs a third of a torch copy_ call.
         self._numpy_copy = self.device.type == "cpu"
@@ -304,23 +316,23 @@ class InputPreparer:
                                 self.max_draft_len, cuda_graph_batch_sizes, self.max_beam_width, self.block_sizes)
         try:
             results = None if metadata is None else metadata.results()  # (.., .., changed table entries, ..)
-            host = written_inputs(self._host[slot], counts, results, self.block_sizes)
+            host = (self._host[slot], results)  # DeviceInputs.host is made from them when read
             count = counts[10]  # device-token rows
-            if count and int(host.device_token_slots.max()) >= previous.shape[0]:
-                # checked before the copy: a failed call leaves the device tensors as they were
-                bad = int(host.device_token_slots.max())
-                raise ValueError(f"seq_slot {bad} is out of range for previous_new_tokens of {previous.shape[0]} slots")
+            if count:
+                host = written_inputs(host[0], counts, results, self.block_sizes)
+                if int(host.device_token_slots.max()) >= previous.shape[0]:
+                    # checked before the copy: a failed call leaves the device tensors as they were
+                    bad = int(host.device_token_slots.max())
+                    raise ValueError(f"seq_slot {bad} is out of range for previous_new_tokens "
+                                     f"of {previous.shape[0]} slots")
             self._next = (slot + 1) % len(self._staging)
-            used = self._input_ids_end + counts[3]  # + num_tokens
-            if results is not None:
-                deltas = self._input_ids_end + delta_start(counts[3])
-                used = self._input_ids_end + delta_end(counts[3], results[2])
-            target, sources = self._copy_pairs.get(used) or self._new_copy_prefixes(used)
+            key = (counts[3], 0 if results is None else results[2])  # (tokens, changed table entries)
+            target, sources, deltas, copied = self._copies.get(key) or self._new_copy(key)
             if self._numpy_copy:
                 target[:] = sources[slot]
             else:
                 target.copy_(sources[slot], non_blocking=self.is_cuda)
-            self.last_copy_bytes = used * 4
+            self.last_copy_bytes = copied
             if self._events is not None:
                 # the copy runs on the inputs' device's current stream: fence that stream
                 self._events[slot].record(torch.cuda.current_stream(self._device_packed.device))
@@ -340,9 +352,10 @@ class InputPreparer:
                 made_from = (tables, padded, counts[3], results[0], results[1])  # (the metadata views')
             inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, made_from), without the __init__ call
             inputs._preparer = self
-            inputs.host = host
+            inputs._counts = counts
+            inputs._host = host
             inputs._metadata = made_from
-            inputs._views = [None] * len(ARRAY_FIELDS)
+            inputs._views = [None] * _NUM_ARRAYS
         except BaseException:
             if self.device_table is not None:  # the host consumed the tables' changes: resend them whole
                 self.device_table.rows().forget()
@@ -384,17 +397,22 @@ class InputPreparer:
         set_fields(fields, self._packed_view("kv_lens", padded), self._packed_view("cu_kv_seqlens", padded + 1),
                    max_query_len, max_kv_len, groups)
 
-    def _new_copy_prefixes(self, used):
-        """(device packed[:used], [staging[:used] per ring slot]) for a length not cached yet,
-        kept in ``_copy_pairs`` (numpy views on a CPU device, torch views otherwise)."""
-        if len(self._copy_pairs) >= _MAX_CACHED_VIEWS:
-            self._copy_pairs.clear()
+    def _new_copy(self, key):
+        """For a step of ``key`` (tokens, changed table entries), not cached yet: (the device
+        buffer's used prefix, the staging buffers' per ring slot, where the changed entries
+        start, the bytes copied), kept in ``_copies``. On a CPU device the prefixes are
+        memoryviews: assigning one costs less than a numpy slice assignment."""
+        num_tokens, entries = key
+        used = self._input_ids_end + delta_end(num_tokens, entries)
+        if len(self._copies) >= _MAX_CACHED_VIEWS:
+            self._copies.clear()
         if self._numpy_copy:
-            pair = (self._device_packed.numpy()[:used], [staging.numpy()[:used] for staging in self._staging])
+            target, sources = (memoryview(self._device_packed.numpy()[:used]),
+                               [memoryview(staging.numpy()[:used]) for staging in self._staging])
         else:
-            pair = (self._device_packed[:used], [staging[:used] for staging in self._staging])
-        self._copy_pairs[used] = pair
-        return pair
+            target, sources = self._device_packed[:used], [staging[:used] for staging in self._staging]
+        copy = self._copies[key] = (target, sources, self._input_ids_end + delta_start(num_tokens), used * 4)
+        return copy
 
     def _packed_view(self, name, length):
         """A metadata field of the device packed buffer, ``[:length]``, cached by length."""
