@@ -97,7 +97,7 @@ class Run:
         self.sizes = (block_size, SECOND_GROUP[block_size])[:num_groups]
         self.preparer = InputPreparer(256, SLOTS, max_draft_len=MAX_DRAFT_LEN, block_sizes=self.sizes,
                                       max_blocks_per_seq=WIDTH, max_slots=SLOTS)
-        self.preparer._numpy_copy = not torch_copy
+        self.preparer._host_copy = not torch_copy
         subclass = type("Subclassed", (module.Request,), {})  # takes the general loop in both passes
         self.next_block = 1
         self.requests = []

@@ -37,7 +37,7 @@ def counted(preparer, requests, **kwargs):
 
 @pytest.mark.parametrize("batch", [1, 16, 200])
 def test_tokens_only_no_torch_call_on_cpu(backend, batch):
-    """On a CPU device the packed copy is a numpy copy between the two buffers (a torch
+    """On a CPU device the packed copy is a memory copy between the two buffers (a torch
     copy_ of the same bytes costs three times as much on the host): no torch call."""
     requests, _ = decode_batch(backend, batch)
     preparer = InputPreparer(batch, batch)
@@ -55,7 +55,7 @@ def test_the_torch_copy_a_gpu_takes_is_one_call_with_the_same_inputs(backend):
     twins, _ = decode_batch(backend, 16)  # a device table's marks are per request: one set each
     by_numpy = InputPreparer(16, 16, block_size=16, max_blocks_per_seq=width)
     by_torch = InputPreparer(16, 16, block_size=16, max_blocks_per_seq=width)
-    by_torch._numpy_copy = False
+    by_torch._host_copy = False
     by_numpy.prepare([], twins)
     expected = by_numpy.prepare([], twins)
     by_torch.prepare([], requests)  # every table sent whole (a copy of another length)

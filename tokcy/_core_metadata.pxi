@@ -16,9 +16,9 @@
 # commit_deltas() (with the GIL, just before pass 2, once nothing can fail) consumes the
 # tables' marks (docs/change-tracking.md). No Python code runs between the plan and the
 # commit: InputWriter keeps a device table only in prepare(), never in plan() + write().
-# Pass 2 (write, without the GIL): write_sequence() / write_padding() fill the arrays (the
-# plain decode rows: write_plain_metadata() in _core_rows.pxi), write_deltas() the changed
-# entries after the used input ids (delta_start(), delta_end()).
+# Pass 2 (write, without the GIL) is in _core_metadata_write.pxi: write_sequence() and
+# write_padding() fill the arrays (the plain decode rows: write_plain_metadata()),
+# write_deltas() the changed entries after the used input ids (delta_start(), delta_end()).
 #
 # The pieces of the plan (GroupSpec, the device table's rows, one row's delta) are in
 # _core_metadata_plan.pxi, included just before this file.
@@ -541,117 +541,3 @@ cdef class AttentionMetadata:
         live = ((self.total_live[0],) if self.num_groups == 1  # every step: the common case without a list
                 else tuple([self.total_live[group] for group in range(self.num_groups)]))
         return (self.max_query_len, self.max_kv_len, self.num_changed_entries, live)
-
-    # ------------------------------------------------------------------ pass 2
-    cdef void start_write(self) noexcept nogil:
-        cdef Py_ssize_t group
-        self.max_query_len = 0
-        self.max_kv_len = 0
-        self.cu_kv_seqlens[0] = 0
-        for group in range(self.num_groups):
-            self.kv_indptr[group][0] = 0
-
-    cdef void write_sequence(self, Py_ssize_t index, Py_ssize_t pos0, Py_ssize_t seq_len, Py_ssize_t row,
-                             Py_ssize_t seq) noexcept nogil:
-        """Sequence ``seq`` (planned as ``index``), rows [row, row + seq_len) at positions pos0...:
-        its slots, KV length and both block-table layouts, for every group."""
-        cdef const GroupSpec* spec
-        cdef Py_ssize_t group, j, block, offset, num_blocks, first_live, live, start
-        cdef int64_t block_size, base
-        cdef int64_t* slots
-        cdef int32_t* dense
-        cdef int32_t kv_len = <int32_t>(pos0 + seq_len)
-        debug_assert(row + seq_len <= self.cap_tokens and seq < self.cap_seqs)
-        self.kv_lens[seq] = kv_len
-        self.cu_kv_seqlens[seq + 1] = self.cu_kv_seqlens[seq] + kv_len
-        if seq_len > self.max_query_len:
-            self.max_query_len = <int32_t>seq_len
-        if kv_len > self.max_kv_len:
-            self.max_kv_len = kv_len
-        if self.has_device_table:
-            self.table_slots[seq] = self.sequence_slots[index]
-        for group in range(self.num_groups):
-            spec = &self.groups[index * self.num_groups + group]
-            block_size = self.block_size[group]
-            # slots: walk the blocks the rows cover (validated in plan_sequence)
-            slots = self.slot_mapping[group] + row
-            block = block_of(pos0, block_size, self.block_shift[group])
-            offset = pos0 - block * block_size
-            base = <int64_t>spec.blocks[block] * block_size
-            for j in range(seq_len):
-                slots[j] = base + offset
-                offset += 1
-                if offset == block_size and j + 1 < seq_len:
-                    offset = 0
-                    block += 1
-                    base = <int64_t>spec.blocks[block] * block_size
-            # the blocks holding positions [0, kv_len); the CSR lists the live ones
-            num_blocks = block_of(kv_len - 1, block_size, self.block_shift[group]) + 1
-            first_live = spec.num_released if spec.num_released < num_blocks else num_blocks
-            live = num_blocks - first_live
-            start = self.kv_indptr[group][seq]
-            self.kv_indptr[group][seq + 1] = <int32_t>(start + live)
-            self.kv_last_page_len[group][seq] = <int32_t>(kv_len - (num_blocks - 1) * block_size)
-            if self.has_device_table:
-                self.gather_blocks[group][seq] = <int32_t>num_blocks
-                self.gather_live[group][seq] = live
-                self.gather_base[group][seq] = seq * self.width + num_blocks - (start + live)
-            if self.block_table[group] != NULL:
-                dense = self.block_table[group] + seq * self.width
-                memcpy(dense, spec.blocks, num_blocks * sizeof(int32_t))
-                memset(dense + num_blocks, 0, (self.width - num_blocks) * sizeof(int32_t))
-                debug_assert(start + live <= self.cap_indices[group])
-                memcpy(self.kv_indices[group] + start, spec.blocks + first_live, live * sizeof(int32_t))
-
-    cdef void write_padding(self, Py_ssize_t row, Py_ssize_t seq) noexcept nogil:
-        """A padding sequence: one row that writes no KV (slot -1), no KV, no blocks."""
-        cdef Py_ssize_t group
-        debug_assert(row < self.cap_tokens and seq < self.cap_seqs)
-        self.kv_lens[seq] = 0
-        self.cu_kv_seqlens[seq + 1] = self.cu_kv_seqlens[seq]
-        if 1 > self.max_query_len:
-            self.max_query_len = 1
-        if self.has_device_table:
-            self.table_slots[seq] = 0
-        for group in range(self.num_groups):
-            self.slot_mapping[group][row] = -1
-            self.kv_indptr[group][seq + 1] = self.kv_indptr[group][seq]
-            self.kv_last_page_len[group][seq] = 0
-            if self.has_device_table:  # no blocks, no live ones: its run start is never read
-                self.gather_blocks[group][seq] = 0
-                self.gather_live[group][seq] = 0
-                self.gather_base[group][seq] = seq * self.width - self.kv_indptr[group][seq]
-            if self.block_table[group] != NULL:
-                memset(self.block_table[group] + seq * self.width, 0, self.width * sizeof(int32_t))
-
-    cdef void write_deltas(self, Py_ssize_t num_tokens) noexcept nogil:
-        """The changed entries planned with the sequences (plan_row_delta), after the used input
-        ids: their flat indices into the (groups, max_slots, max_blocks_per_seq) table as
-        int64 (what the device scatter indexes with, unconverted), then their int32 values
-        (delta_start(), delta_end())."""
-        cdef Py_ssize_t index, j, count = 0, total = self.num_changed_entries
-        cdef const GroupSpec* spec
-        cdef int64_t* indices
-        cdef int32_t* values
-        cdef int64_t row_start
-        debug_assert(delta_end(num_tokens, total) <= self.delta_capacity)
-        if total == 0:  # the area may end at the ids (delta_end): no pointer past it is formed
-            return
-        # aligned: delta_area is (bind_device_table) and delta_start() is even
-        indices = <int64_t*>(self.delta_area + delta_start(num_tokens))
-        values = <int32_t*>(indices + total)
-        for index in range(self.num_changed_specs):
-            spec = &self.groups[self.changed_specs[index]]
-            row_start = <int64_t>spec.row * self.width
-            for j in range(spec.released_begin, spec.released_end):
-                indices[count] = row_start + j
-                values[count] = -1
-                count += 1
-            for j in range(spec.ids_begin, spec.num_blocks):
-                indices[count] = row_start + j
-                values[count] = spec.blocks[j]
-                count += 1
-            for j in range(spec.num_blocks, spec.zero_end):
-                indices[count] = row_start + j
-                values[count] = 0
-                count += 1

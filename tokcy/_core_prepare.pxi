@@ -531,7 +531,7 @@ cdef class InputWriter:
         fill_rows(self._specs, self._first_draft_end, self._num_specs, self._plain, self._num_plain, self._num_padding,
                   &self._out, self._meta)
         if self._meta is not None and self._meta.has_device_table:
-            self._meta.write_deltas(self._num_tokens)
+            write_deltas(self._meta, self._num_tokens)
 
     cdef tuple _write(self):
         cdef Py_ssize_t padded, num_sequences, work

@@ -112,7 +112,7 @@ cdef inline void emit(const SeqSpec* specs, Py_ssize_t index, Outputs* out, Py_s
     cdef Py_ssize_t row = counters[0], seq = counters[1]
     emit_seq(&specs[index], out, counters)
     if meta is not None:
-        meta.write_sequence(specs[index].meta_index, specs[index].pos0, specs[index].seq_len, row, seq)
+        write_sequence(meta, specs[index].meta_index, specs[index].pos0, specs[index].seq_len, row, seq)
 
 
 cdef void emit_plain_rows(const PlainRow* rows, Py_ssize_t count, Outputs* out, Py_ssize_t* counters,
@@ -141,116 +141,6 @@ cdef void emit_plain_rows(const PlainRow* rows, Py_ssize_t count, Outputs* out, 
     counters[2] = gather
 
 
-cdef struct GroupRows:  # one layer group's outputs from a batch's first plain row on
-    int64_t block_size
-    int shift
-    int64_t* slots
-    int32_t* indptr
-    int32_t* last_page_len
-    int32_t* gather_blocks     # NULL without a device table
-    int64_t* gather_live
-    int64_t* gather_base
-    int32_t* dense             # the host tables (NULL: the device gathers them)
-    int32_t* indices
-    int64_t width
-
-
-cdef inline GroupRows group_rows(AttentionMetadata meta, Py_ssize_t group, Py_ssize_t row0,
-                                 Py_ssize_t seq0) noexcept nogil:
-    cdef GroupRows out
-    out.block_size = meta.block_size[group]
-    out.shift = meta.block_shift[group]
-    out.slots = meta.slot_mapping[group] + row0
-    out.indptr = meta.kv_indptr[group] + seq0
-    out.last_page_len = meta.kv_last_page_len[group] + seq0
-    out.gather_blocks = meta.gather_blocks[group] + seq0 if meta.has_device_table else NULL
-    out.gather_live = meta.gather_live[group] + seq0 if meta.has_device_table else NULL
-    out.gather_base = meta.gather_base[group] + seq0 if meta.has_device_table else NULL
-    out.dense = meta.block_table[group]
-    out.indices = meta.kv_indices[group]
-    out.width = meta.width
-    return out
-
-
-cdef inline int32_t write_group_row(GroupRows out, const GroupSpec* spec, Py_ssize_t pos, Py_ssize_t index,
-                                    int64_t row_start, int32_t live_sum, bint host_tables) noexcept nogil:
-    """One plain row's entries of one group (as AttentionMetadata.write_sequence): its slot,
-    CSR offset, last-page length, and what the device gather reads or (``host_tables``) the
-    dense and CSR rows; ``row_start``: the sequence's row in the flat dense table,
-    ``live_sum``: the group's CSR offset before it, returned after it. (``out`` by value: a
-    copy no output pointer can alias, so its fields stay in registers.)"""
-    cdef Py_ssize_t block = block_of(pos, out.block_size, out.shift)
-    cdef int32_t live = <int32_t>(block + 1 - spec.num_released)
-    debug_assert(spec.num_released <= block and block < spec.num_blocks)  # plan_decode_run / plan_sequence
-    out.slots[index] = <int64_t>spec.blocks[block] * out.block_size + (pos - block * out.block_size)
-    out.indptr[index + 1] = live_sum + live
-    out.last_page_len[index] = <int32_t>(pos + 1 - block * out.block_size)
-    if out.gather_blocks != NULL:
-        out.gather_blocks[index] = <int32_t>(block + 1)
-        out.gather_live[index] = live
-        out.gather_base[index] = row_start + (block + 1) - (live_sum + live)
-    if host_tables:  # the row padded with zeros, the live blocks in the CSR
-        memcpy(out.dense + row_start, spec.blocks, (block + 1) * sizeof(int32_t))
-        memset(out.dense + row_start + block + 1, 0, (out.width - block - 1) * sizeof(int32_t))
-        memcpy(out.indices + live_sum, spec.blocks + spec.num_released, live * sizeof(int32_t))
-    return live_sum + live
-
-
-cdef void write_plain_metadata(const PlainRow* rows, Py_ssize_t count, AttentionMetadata meta, Py_ssize_t row0,
-                               Py_ssize_t seq0) noexcept nogil:
-    """meta.write_sequence(row.meta_index, row.pos0, 1, row0 + i, seq0 + i) for each plain
-    row: the same entries, in one loop for the per-sequence ones and group 0, then one per
-    other layer group, each keeping its running sums in registers. plain_rows_metadata()
-    is inlined three times, each loop knowing what it writes: one group without host
-    tables (the usual decode step), several, and host tables (bind() gives every group
-    host tables, or none)."""
-    if meta.block_table[0] == NULL:
-        if meta.num_groups == 1:
-            plain_rows_metadata(rows, count, meta, row0, seq0, False, 1)
-        else:
-            plain_rows_metadata(rows, count, meta, row0, seq0, False, meta.num_groups)
-    else:
-        plain_rows_metadata(rows, count, meta, row0, seq0, True, meta.num_groups)
-
-
-cdef inline void plain_rows_metadata(const PlainRow* rows, Py_ssize_t count, AttentionMetadata meta, Py_ssize_t row0,
-                                     Py_ssize_t seq0, bint host_tables, Py_ssize_t num_groups) noexcept nogil:
-    cdef Py_ssize_t index, group
-    cdef int32_t* kv_lens = meta.kv_lens + seq0
-    cdef int32_t* cu_kv_seqlens = meta.cu_kv_seqlens + seq0
-    cdef int32_t* table_slots = meta.table_slots + seq0 if meta.has_device_table else NULL
-    cdef int32_t kv_len, kv_sum = cu_kv_seqlens[0], max_kv_len = meta.max_kv_len
-    cdef int64_t width = meta.width, row_start = seq0 * width  # the sequence's row in the flat dense table
-    cdef GroupRows out = group_rows(meta, 0, row0, seq0)
-    cdef int32_t live_sum = out.indptr[0]
-    debug_assert(row0 + count <= meta.cap_tokens and seq0 + count <= meta.cap_seqs)
-    for index in range(count):
-        kv_len = rows[index].pos0 + 1
-        kv_lens[index] = kv_len
-        kv_sum += kv_len
-        cu_kv_seqlens[index + 1] = kv_sum
-        if kv_len > max_kv_len:
-            max_kv_len = kv_len
-        if table_slots != NULL:
-            table_slots[index] = meta.sequence_slots[rows[index].meta_index]
-        live_sum = write_group_row(out, &meta.groups[rows[index].meta_index * num_groups], rows[index].pos0,
-                                   index, row_start, live_sum, host_tables)
-        row_start += width
-    debug_assert(not host_tables or live_sum <= meta.cap_indices[0])
-    meta.max_kv_len = max_kv_len
-    if count and meta.max_query_len < 1:
-        meta.max_query_len = 1
-    for group in range(1, num_groups):
-        out = group_rows(meta, group, row0, seq0)
-        live_sum = out.indptr[0]
-        row_start = seq0 * width
-        for index in range(count):
-            live_sum = write_group_row(out, &meta.groups[rows[index].meta_index * num_groups + group],
-                                       rows[index].pos0, index, row_start, live_sum, host_tables)
-            row_start += width
-        debug_assert(not host_tables or live_sum <= meta.cap_indices[group])
-
-
 cdef void fill_rows(const SeqSpec* specs, Py_ssize_t first_draft_end, Py_ssize_t device_end, const PlainRow* plain,
                     Py_ssize_t num_plain, Py_ssize_t num_padding, Outputs* out,
                     AttentionMetadata meta) noexcept nogil:
@@ -265,7 +155,7 @@ cdef void fill_rows(const SeqSpec* specs, Py_ssize_t first_draft_end, Py_ssize_t
     memset(counters, 0, sizeof(counters))
     out.cu_seqlens[0] = 0
     if meta is not None:
-        meta.start_write()
+        start_write(meta)
     for index in range(first_draft_end):  # context chunks, generation with drafts, first drafts
         emit(specs, index, out, counters, meta)
     emit_plain_rows(plain, num_plain, out, counters, meta)
@@ -276,7 +166,7 @@ cdef void fill_rows(const SeqSpec* specs, Py_ssize_t first_draft_end, Py_ssize_t
     for index in range(num_padding):
         debug_assert(row < out.cap_tokens and seq < out.cap_seqs)
         if meta is not None:
-            meta.write_padding(row, seq)
+            write_padding(meta, row, seq)
         out.input_ids[row] = 0
         out.position_ids[row] = 0
         out.seq_lens[seq] = 1

@@ -209,8 +209,8 @@ class InputPreparer:
         self._batch_view_cache = {}  # padded batch size -> _batch_views(): the per-sequence metadata views
         self._copies = {}  # (tokens, changed table entries) -> what _new_copy() made for them
         # On a CPU "device" the packed copy is a plain memcpy between two host buffers: done
-        # through numpy views of the same memory it costs a third of a torch copy_ call.
-        self._numpy_copy = self.device.type == "cpu"
+        # through memoryviews of the same memory it costs a third of a torch copy_ call.
+        self._host_copy = self.device.type == "cpu"
         self._staging = []
         self._host = []
         for _ in range(num_staging_buffers):
@@ -328,7 +328,7 @@ class InputPreparer:
             self._next = (slot + 1) % len(self._staging)
             key = (counts[3], 0 if results is None else results[2])  # (tokens, changed table entries)
             target, sources, deltas, copied = self._copies.get(key) or self._new_copy(key)
-            if self._numpy_copy:
+            if self._host_copy:
                 target[:] = sources[slot]
             else:
                 target.copy_(sources[slot], non_blocking=self.is_cuda)
@@ -406,7 +406,7 @@ class InputPreparer:
         used = self._input_ids_end + delta_end(num_tokens, entries)
         if len(self._copies) >= _MAX_CACHED_VIEWS:
             self._copies.clear()
-        if self._numpy_copy:
+        if self._host_copy:
             target, sources = (memoryview(self._device_packed.numpy()[:used]),
                                [memoryview(staging.numpy()[:used]) for staging in self._staging])
         else:
