@@ -116,7 +116,8 @@ def test_2_the_busy_guard_covers_the_whole_prepare_call(backend):
             return 4
 
     inputs = prepare_inputs([], requests, cuda_graph_batch_sizes=[Reentrant()], out=buffers)
-    assert refused == ["this InputWriter is in use by another thread"]
+    assert refused == ["this InputWriter is in use by another call (another thread's, or one that code its own "
+                       "call runs made)"]
     assert inputs.input_ids.tolist() == [3, 13, 23, 0]
     assert inputs.position_ids.tolist() == [2, 2, 2, 0]
     assert inputs.request_ids.tolist() == [0, 1, 2, -1]
@@ -380,7 +381,7 @@ def test_2_a_second_thread_is_refused_while_the_first_consumes_its_generator(bac
     worker = threading.Thread(target=thread_a)
     worker.start()
     assert inside.wait(10)
-    with pytest.raises(RuntimeError, match="in use by another thread"):
+    with pytest.raises(RuntimeError, match="in use by another call"):
         prepare_inputs([], [other], out=buffers)
     release.set()
     worker.join()

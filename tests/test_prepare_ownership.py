@@ -52,6 +52,43 @@ def test_requests_only_the_batch_owns_die_after_the_rows_are_written(backend):
     assert sorted(deaths) == sorted(list(range(1, 9)) * 5)
 
 
+def test_a_request_dying_with_the_batch_cannot_reenter_the_writer_that_drops_it(backend):
+    """Requests whose ``__del__`` calls ``prepare_inputs`` again on the same buffers, with a
+    block size: they die while the outer call drops its batch, after its rows and metadata
+    are written, while its writer is still busy; each inner call is refused, the outer
+    rows are exact and the buffers serve the next call."""
+    out = HostBuffers(16, 16, max_blocks_per_seq=4)
+    survivor = generation(backend.Request(0, [5, 6, 7]))
+    survivor.block_tables[0].append(9)
+    refused = []
+
+    class Dying(backend.Request):
+        def __del__(self):
+            try:
+                prepare_inputs([], [survivor], out=out, block_size=4)
+                refused.append("ran")
+            except RuntimeError as error:
+                refused.append(str(error))
+
+    def batch():
+        yield survivor
+        for index in range(1, 4):
+            request = generation(Dying(index, list(range(10 * index, 10 * index + 5))))
+            request.block_tables[0].extend([index, 10 + index])
+            yield request
+
+    inputs = prepare_inputs([], batch(), out=out, block_size=4)
+    assert refused == ["this InputWriter is in use by another call (another thread's, or one that code its own "
+                       "call runs made)"] * 3
+    assert inputs.input_ids.tolist() == [7, 14, 24, 34]
+    assert inputs.kv_lens.tolist() == [3, 5, 5, 5]
+    # position 4 of each dying request is the first entry of its second block (10 + index)
+    assert inputs.groups[0].slot_mapping.tolist() == [9 * 4 + 2, 11 * 4, 12 * 4, 13 * 4]
+    assert inputs.groups[0].kv_indices.tolist() == [9, 1, 11, 2, 12, 3, 13]
+    again = prepare_inputs([], [survivor], out=out, block_size=4)
+    assert again.input_ids.tolist() == [7] and again.groups[0].slot_mapping.tolist() == [38]
+
+
 def test_a_large_write_owns_its_storages_while_another_thread_grows_the_requests(backend):
     """A context chunk of 40,000 tokens (a write large enough to release the GIL) while a
     second thread keeps appending to the same requests, which replaces their storage:

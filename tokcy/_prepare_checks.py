@@ -108,7 +108,8 @@ def negative_limit(name, value):
 
 
 def busy():
-    raise RuntimeError("this InputWriter is in use by another thread")
+    raise RuntimeError("this InputWriter is in use by another call (another thread's, or one that code "
+                       "its own call runs made)")
 
 
 def metadata_busy():
