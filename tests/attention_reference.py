@@ -57,8 +57,10 @@ def attention_reference(batch, max_draft_len, sizes, block_sizes, width):
     return top, groups
 
 
-def assert_metadata(result, top, groups, *, dense=True):
-    """``result`` (PreparedInputs or DeviceInputs) equals the reference."""
+def assert_metadata(result, top, groups, *, dense=True, tables=("dense", "csr")):
+    """``result`` (PreparedInputs or DeviceInputs) equals the reference; a batch table not
+    in ``tables`` (an ``InputPreparer``'s ``device_tables``) must be None."""
+    absent = {"dense": "block_table", "csr": "kv_indices"}
     for name, expected in top.items():
         actual = getattr(result, name)
         if isinstance(expected, int):
@@ -69,6 +71,9 @@ def assert_metadata(result, top, groups, *, dense=True):
     for index, (actual, expected) in enumerate(zip(result.groups, groups)):
         for name, array in expected.items():
             if name in ("block_table", "kv_indices") and not dense:
+                continue
+            if name in [absent[table] for table in absent if table not in tables]:
+                assert getattr(actual, name) is None, (index, name)
                 continue
             value = np.asarray(getattr(actual, name))
             assert value.dtype == array.dtype, (index, name)

@@ -105,6 +105,27 @@ def test_preparer_needs_max_blocks_per_seq(backend):
         InputPreparer(8, 2, block_size=4)
 
 
+@pytest.mark.parametrize(("tables", "error", "message"), [
+    ("sparse", ValueError, "device_tables: unknown table 'sparse' (known: 'dense', 'csr')"),
+    (["dense", "CSR"], ValueError, "device_tables: unknown table 'CSR' (known: 'dense', 'csr')"),
+    (3, TypeError, "device_tables must be 'dense', 'csr' or a sequence of them, not int"),
+    ([b"csr"], TypeError, "device_tables must name tables as strings, got b'csr'"),
+])
+def test_preparer_names_a_bad_device_tables(backend, tables, error, message):
+    with pytest.raises(error) as caught:
+        InputPreparer(8, 2, block_size=4, max_blocks_per_seq=4, device_tables=tables)
+    assert str(caught.value) == message
+
+
+def test_preparer_device_tables_need_a_block_size_and_read_in_order(backend):
+    with pytest.raises(ValueError, match="device_tables needs a block size"):
+        InputPreparer(8, 2, device_tables="csr")
+    assert InputPreparer(8, 2).device_tables is None
+    made = {tables: InputPreparer(8, 2, block_size=4, max_blocks_per_seq=4, device_tables=tables).device_tables
+            for tables in (None, "csr", ("csr", "dense", "csr"), ())}
+    assert made == {None: ("dense", "csr"), "csr": ("csr",), ("csr", "dense", "csr"): ("dense", "csr"), (): ()}
+
+
 def test_a_failure_after_the_host_pass_resends_the_tables(backend):
     """The host pass consumed the tables' changes, then the call failed (a device-token
     slot past previous_new_tokens): the next call sends those tables whole."""

@@ -29,10 +29,10 @@ SLOTS = 6
 class World:
     """Requests, a LIFO block pool and two readers of the same tables."""
 
-    def __init__(self, module, rng, block_sizes, device="cpu"):
+    def __init__(self, module, rng, block_sizes, device="cpu", device_tables=None):
         self.module, self.rng, self.block_sizes = module, rng, block_sizes
         self.preparer = InputPreparer(64 + SLOTS, SLOTS, block_sizes=block_sizes, max_blocks_per_seq=WIDTH,
-                                      max_slots=SLOTS, device=device)
+                                      max_slots=SLOTS, device=device, device_tables=device_tables)
         self.manager, self.store = SchedulerOutputManager(), OffloadStore()
         self.free = list(range(200, 0, -1))
         self.used_slots = set()
@@ -140,7 +140,7 @@ class World:
                 row = table[group, request.seq_slot].tolist()
                 assert row == real.tolist() + [0] * (WIDTH - len(real)), (request.request_id, group)
         top, groups = attention_reference(batch, 0, sizes, self.block_sizes, WIDTH)
-        assert_metadata(inputs, top, groups)
+        assert_metadata(inputs, top, groups, tables=self.preparer.device_tables)
         start = inputs.device_token_row_start
         expected = [int(self.sampled[request.seq_slot]) for request in batch["device"]]
         assert inputs.input_ids[start : start + len(expected)].tolist() == expected
@@ -150,11 +150,13 @@ class World:
 
 
 @pytest.mark.parametrize("block_sizes", [(1,), (4,), (2, 8)])
-def test_random_runs(backend, block_sizes):
+@pytest.mark.parametrize("device_tables", [None, "dense", "csr", ()])
+def test_random_runs(backend, block_sizes, device_tables):
+    """Every ``device_tables``: the tables it names equal the reference, the others are None."""
     rng = np.random.default_rng(len(block_sizes) * 100 + block_sizes[0])
     events = {}
     for run in range(6):
-        world = World(backend, rng, block_sizes)
+        world = World(backend, rng, block_sizes, device_tables=device_tables)
         for index in range(40):
             world.step(index)
         for name, count in world.events.items():

@@ -83,6 +83,38 @@ STEP = ["__get__"]  # the batch size read from the table slots' shape (the packe
 PER_GROUP = ["index_select", "ge", "masked_fill_", "repeat_interleave", "add_", "index_select"]
 
 
+# a model reads one layout: the dense table alone is the masked gather; the CSR alone
+# gathers the batch's rows (its run starts index them), unmasked, then its indices
+DENSE_ONLY = ["index_select", "ge", "masked_fill_"]
+CSR_ONLY = ["index_select", "repeat_interleave", "add_", "index_select"]
+
+
+@pytest.mark.parametrize(("tables", "per_group"), [("dense", DENSE_ONLY), ("csr", CSR_ONLY), ((), [])])
+def test_a_preparer_gathers_only_the_tables_it_is_asked_for(backend, tables, per_group):
+    """``device_tables`` names what each step gathers, per group; the table it leaves out
+    reads None and the other equals what a preparer gathering both returns."""
+    requests, width = decode_batch(backend, 16, num_groups=2)
+    twins, _ = decode_batch(backend, 16, num_groups=2)
+    both = InputPreparer(16, 16, block_sizes=(16, 16), max_blocks_per_seq=width)
+    preparer = InputPreparer(16, 16, block_sizes=(16, 16), max_blocks_per_seq=width, device_tables=tables)
+    both.prepare([], twins)
+    expected = both.prepare([], twins)
+    preparer.prepare([], requests)
+    inputs, names = counted(preparer, requests)
+    assert names == sorted((STEP if per_group else []) + per_group * 2)
+    for actual, reference in zip(inputs.groups, expected.groups):
+        if "dense" in tables:
+            assert torch.equal(actual.block_table, reference.block_table)
+        else:
+            assert actual.block_table is None
+        if "csr" in tables:
+            assert torch.equal(actual.kv_indices, reference.kv_indices)
+        else:
+            assert actual.kv_indices is None
+        assert torch.equal(actual.kv_indptr, reference.kv_indptr)
+    assert inputs.block_table is inputs.groups[0].block_table
+
+
 @pytest.mark.parametrize("batch", [4, 64])
 def test_block_table_calls_do_not_grow_with_the_batch(backend, batch):
     requests, width = decode_batch(backend, batch)

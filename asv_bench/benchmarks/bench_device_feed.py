@@ -1,8 +1,8 @@
 """asv: the device feed (the ``device_feed`` scenario of ``python -m tokcy bench``).
 
 One whole engine step of ``InputPreparer.prepare`` for 256 decode requests, with a block
-size (tokens and attention metadata, the device block table's scatter and gather) and
-without, beside ``prepare_inputs`` on the host alone; on the CPU here (the torch calls do
+size (tokens and attention metadata, the device block table's scatter and gather), with a
+block size gathering the CSR table alone (``device_tables="csr"``) and without, beside ``prepare_inputs`` on the host alone; on the CPU here (the torch calls do
 the device-side work inside the call), on the first CUDA device where torch sees one.
 ``track_torch_calls_*``: the torch calls one step makes, each paid on the host (on a GPU
 one or more kernel launches, or a view): a count, the same on every machine.
@@ -47,6 +47,9 @@ class DeviceFeed:
     def time_tokcy(self, *_):
         self._step("tokcy")
 
+    def time_tokcy_csr(self, *_):
+        self._step("tokcy csr")
+
     def time_tokcy_tokens(self, *_):
         self._step("tokcy tokens")
 
@@ -55,6 +58,9 @@ class DeviceFeed:
 
     def track_torch_calls_tokcy(self, *_):
         return device_feed.torch_calls(self.steps["tokcy"])
+
+    def track_torch_calls_tokcy_csr(self, *_):
+        return device_feed.torch_calls(self.steps["tokcy csr"])
 
     def track_torch_calls_tokcy_tokens(self, *_):
         return device_feed.torch_calls(self.steps["tokcy tokens"])

@@ -92,7 +92,10 @@ def attention_metadata() -> None:
     device_inputs = preparer.prepare([request], [])
     assert_type(device_inputs, DeviceInputs)
     assert device_inputs.groups is not None
-    assert_type(device_inputs.groups[0].block_table, torch.Tensor)
+    assert_type(device_inputs.groups[0].block_table, torch.Tensor | None)  # None unless gathered (device_tables)
+    assert_type(device_inputs.groups[0].kv_indptr, torch.Tensor)
+    csr_only = InputPreparer(64, 8, block_size=4, max_blocks_per_seq=4, device_tables="csr")
+    assert_type(csr_only.device_tables, tuple[str, ...] | None)
     assert_type(device_inputs.slot_mapping, torch.Tensor | None)
     assert preparer.last_copy_bytes > 0
 

@@ -12,6 +12,8 @@ issue a step with every launch in it, never a wait for the device: the figure th
 torch calls do their work inside the call, so there the figure includes that work.
 
 * ``tokcy``: ``InputPreparer.prepare`` with a block size (tokens and attention metadata);
+* ``tokcy csr``: the same gathering only the CSR block table on the device
+  (``device_tables="csr"``), as a preparer for a FlashInfer-style model is made;
 * ``tokcy tokens``: ``InputPreparer.prepare`` without a block size (the token inputs);
 * ``prepare_inputs``: the token inputs into ``HostBuffers`` on the host alone (its
   ``input_ids`` and ``position_ids`` read likewise), the reference the goal "within 1.5x
@@ -86,12 +88,19 @@ def steps(world, device):
     batch = len(world.requests)
     with_metadata = InputPreparer(batch, batch, device=device, block_size=world.block_size,
                                   max_blocks_per_seq=world.width, max_slots=batch)
+    csr_only = InputPreparer(batch, batch, device=device, block_size=world.block_size,
+                             max_blocks_per_seq=world.width, max_slots=batch, device_tables="csr")
     tokens_only = InputPreparer(batch, batch, device=device)
     plain = HostBuffers(batch, batch)
 
     def tokcy():
         world.touch()
         inputs = with_metadata.prepare([], world.requests)
+        return inputs.input_ids, inputs.position_ids, inputs.groups
+
+    def tokcy_csr():
+        world.touch()
+        inputs = csr_only.prepare([], world.requests)
         return inputs.input_ids, inputs.position_ids, inputs.groups
 
     def tokcy_tokens():
@@ -104,7 +113,8 @@ def steps(world, device):
         inputs = prepare_inputs([], world.requests, out=plain)
         return inputs.input_ids, inputs.position_ids
 
-    implementations = {"tokcy": tokcy, "tokcy tokens": tokcy_tokens, "prepare_inputs": host_only}
+    implementations = {"tokcy": tokcy, "tokcy csr": tokcy_csr, "tokcy tokens": tokcy_tokens,
+                       "prepare_inputs": host_only}
     for step in implementations.values():
         step()  # the first step sends every table whole; the timed ones send what changed
     drain = torch.cuda.synchronize if device == "cuda" else None
@@ -115,12 +125,13 @@ class DeviceFeed(Scenario):
     name = "device_feed"
     title = "Device feed: InputPreparer.prepare for B decode requests of L tokens, host time per step"
     columns = (("device", "device"), ("requests", "B (requests)"), ("seq_len", "L (tokens)"))
-    implementations = ("tokcy", "tokcy tokens", "prepare_inputs")
+    implementations = ("tokcy", "tokcy csr", "tokcy tokens", "prepare_inputs")
     needs = ("torch", "tokcy.executor")
     legend = (
         "tokcy: InputPreparer.prepare with block size 16 (tokens, attention metadata, the device block table's "
-        "scatter and gather), then input_ids, position_ids and groups read; tokcy tokens: the same without a "
-        "block size; prepare_inputs: the token inputs on the host alone (input_ids and position_ids read)",
+        "scatter and gather), then input_ids, position_ids and groups read; tokcy csr: the same gathering the CSR "
+        "table alone (device_tables='csr'); tokcy tokens: the same without a block size; prepare_inputs: the "
+        "token inputs on the host alone (input_ids and position_ids read)",
         "device: cuda when torch sees one (its queue drained before each step, untimed: the figure is the host's "
         "time to issue the step), else cpu (the torch calls then do the device-side work inside the figure)",
     )
@@ -144,6 +155,7 @@ class DeviceFeed(Scenario):
         # at a time right after each of "tokcy tokens"' rounds: the goal is their ratio.
         host_rounds = StepBeside(implementations["prepare_inputs"], plan, before=drain)
         timings = {"tokcy": measure(implementations["tokcy"], plan, before=drain, number=1),
+                   "tokcy csr": measure(implementations["tokcy csr"], plan, before=drain, number=1),
                    "tokcy tokens": measure(implementations["tokcy tokens"], plan, before=drain, number=1,
                                            after_round=host_rounds),
                    "prepare_inputs": host_rounds.timing()}

@@ -161,15 +161,19 @@ class InputPreparer:
     preparer keeps ``block_table``, a persistent (groups, ``max_slots``,
     ``max_blocks_per_seq``) device table indexed by ``seq_slot`` (default max_slots:
     ``max_batch_size``), updated by sending only the entries that changed.
+    ``device_tables``: which of the batch's block tables each step gathers on the device,
+    "dense" (``block_table``), "csr" (``kv_indices``), both (the default) or none (``()``);
+    a model reads one, and each costs device ops every step. A table not gathered reads
+    None in the returned inputs.
     ``last_copy_bytes``: the bytes the last ``prepare`` copied host-to-device.
     """
 
     def __init__(self, max_num_tokens, max_batch_size, *, max_draft_len=0, max_beam_width=1, device="cpu",
                  num_staging_buffers=2, block_size=None, block_sizes=None, max_blocks_per_seq=None,
-                 max_slots=None):
+                 max_slots=None, device_tables=None):
         import torch
 
-        from tokcy.executor._device_table import DeviceBlockTable
+        from tokcy.executor._device_table import DeviceBlockTable, device_tables_arg
 
         self.max_num_tokens = _count(max_num_tokens, "max_num_tokens")
         self.max_batch_size = _count(max_batch_size, "max_batch_size")
@@ -187,6 +191,9 @@ class InputPreparer:
             raise ValueError("a block size needs max_blocks_per_seq (the device block table's width)")
         if num_groups and self.max_beam_width != 1:
             raise ValueError(f"attention metadata needs max_beam_width 1, got {self.max_beam_width}")
+        if not num_groups and device_tables is not None:
+            raise ValueError("device_tables needs a block size (the tables are the attention metadata's)")
+        self.device_tables = device_tables_arg(device_tables) if num_groups else None
         layout, total = _packed_layout(self.max_num_tokens, self.max_batch_size, self.max_draft_len, num_groups)
         self._layout = layout
         self._input_ids_end = layout["input_ids"][0]  # + num_tokens: the used prefix
@@ -195,7 +202,7 @@ class InputPreparer:
             self.max_blocks_per_seq = _count(max_blocks_per_seq, "max_blocks_per_seq", 1)
             self.max_slots = self.max_batch_size if max_slots is None else _count(max_slots, "max_slots", 1)
             self.device_table = DeviceBlockTable(torch, self.device, num_groups, self.max_slots,
-                                                 self.max_blocks_per_seq, self.max_batch_size)
+                                                 self.max_blocks_per_seq, self.max_batch_size, self.device_tables)
             # changed entries (an int64 index and an int32 value each) go after the used input
             # ids, from an even word (delta_start): at most every entry of every sequence's
             # row, in every group

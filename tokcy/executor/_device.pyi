@@ -8,10 +8,12 @@ from tokcy.executor._device_table import DeviceBlockTable
 from tokcy.executor._host import PreparedInputs
 from tokcy.executor._metadata import LayerGroupInputs
 
-_DeviceGroup: TypeAlias = LayerGroupInputs[torch.Tensor, torch.Tensor, torch.Tensor]
+# block_table / kv_indices are None for a table the preparer does not gather (device_tables)
+_DeviceGroup: TypeAlias = LayerGroupInputs[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 class DeviceInputs:
-    host: PreparedInputs
+    @property
+    def host(self) -> PreparedInputs: ...
     @property
     def input_ids(self) -> torch.Tensor: ...
     @property
@@ -83,6 +85,7 @@ class InputPreparer:
     max_blocks_per_seq: int  # set only with a block size
     max_slots: int  # set only with a block size
     device_table: DeviceBlockTable | None
+    device_tables: tuple[str, ...] | None  # the batch tables gathered on the device ("dense", "csr")
     last_copy_bytes: int  # bytes the last prepare copied host-to-device
     def __init__(
         self,
@@ -97,6 +100,7 @@ class InputPreparer:
         block_sizes: Iterable[SupportsIndex] | None = None,
         max_blocks_per_seq: SupportsIndex | None = None,
         max_slots: SupportsIndex | None = None,
+        device_tables: str | Iterable[str] | None = None,
     ) -> None: ...
     @property
     def block_table(self) -> torch.Tensor | None: ...

@@ -15,9 +15,35 @@ read from the host arrays of the same step.
 from tokcy import _backend
 from tokcy.executor._metadata import MetadataBuffers
 
+#: The batch-order tables ``apply`` can gather: the dense ``block_table`` and the CSR ``kv_indices``.
+DEVICE_TABLES = ("dense", "csr")
+
+
+def device_tables_arg(value):
+    """``InputPreparer``'s ``device_tables`` as a tuple of names in ``DEVICE_TABLES`` order
+    (None: both). One name alone may be given as a string."""
+    if value is None:
+        return DEVICE_TABLES
+    names = (value,) if isinstance(value, str) else value
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise TypeError(f"device_tables must be 'dense', 'csr' or a sequence of them, "
+                        f"not {type(value).__name__}") from None
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"device_tables must name tables as strings, got {name!r}")
+        if name not in DEVICE_TABLES:
+            raise ValueError(f"device_tables: unknown table {name!r} (known: 'dense', 'csr')")
+    return tuple(name for name in DEVICE_TABLES if name in names)
+
 
 class DeviceBlockTable:
-    def __init__(self, torch, device, num_groups, max_slots, max_blocks_per_seq, max_batch_size):
+    def __init__(self, torch, device, num_groups, max_slots, max_blocks_per_seq, max_batch_size,
+                 tables=DEVICE_TABLES):
+        self.tables = tables  # which batch-order tables apply() gathers (device_tables_arg)
+        self._dense = "dense" in tables
+        self._csr = "csr" in tables
         self.num_groups = num_groups
         self.max_slots = max_slots
         self.width = max_blocks_per_seq
@@ -55,28 +81,35 @@ class DeviceBlockTable:
         CSR indices, from what the host wrote per sequence (``gathers``, per group: its
         blocks as a column, its live blocks and where its CSR run starts in the flat dense
         table; see ``AttentionMetadata.bind_device_table``). Returns, per group,
-        (block_table view, kv_indices view).
+        (block_table view, kv_indices view), None for a table not in ``tables``.
 
         Every view of a persistent tensor it needs is made once per size and kept
-        (``_batch_views``): a group costs six torch calls, each one or more device ops."""
+        (``_batch_views``): a group costs six torch calls with both tables, each one or
+        more device ops; three with the dense one alone, four with the CSR alone (its
+        gather reads the batch's rows, unmasked), none with neither."""
         torch = self._torch
         if num_changed:  # int64 indices: index_put_ converts no others (one device op fewer)
             indices = packed_int64[delta_offset // 2 : delta_offset // 2 + num_changed]
             values = delta_offset + 2 * num_changed
             self._flat[indices] = packed[values : values + num_changed]
+        if not self.tables:
+            return [(None, None)] * self.num_groups
         views = self._batch_views(table_slots.shape[0])
         outputs = []
         for group, (num_blocks, live, base) in enumerate(gathers):
             dense, dense_flat, source = views[group]
             torch.index_select(source, 0, table_slots, out=dense)
-            dense.masked_fill_(self._columns >= num_blocks, 0)
-            total = num_indices[group]
-            indices, offsets = self._indices_views(group, total)
-            if total:
-                flat = torch.repeat_interleave(base, live, output_size=total)
-                flat += offsets
-                torch.index_select(dense_flat, 0, flat, out=indices)
-            outputs.append((dense, indices))
+            indices = None
+            if self._dense:
+                dense.masked_fill_(self._columns >= num_blocks, 0)
+            if self._csr:  # the live entries only: the mask past the blocks changes none of them
+                total = num_indices[group]
+                indices, offsets = self._indices_views(group, total)
+                if total:
+                    flat = torch.repeat_interleave(base, live, output_size=total)
+                    flat += offsets
+                    torch.index_select(dense_flat, 0, flat, out=indices)
+            outputs.append((dense if self._dense else None, indices))
         return outputs
 
     def _batch_views(self, padded):

@@ -1,5 +1,5 @@
 # Types of tokcy/executor/_device_table.py (the module itself is left unannotated); keep in sync.
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -8,7 +8,12 @@ import torch
 from tokcy._core import AttentionMetadata, DeviceTableRows
 from tokcy.executor._metadata import MetadataBuffers
 
+DEVICE_TABLES: tuple[str, str]
+
+def device_tables_arg(value: str | Iterable[str] | None) -> tuple[str, ...]: ...
+
 class DeviceBlockTable:
+    tables: tuple[str, ...]
     num_groups: int
     max_slots: int
     width: int
@@ -23,6 +28,7 @@ class DeviceBlockTable:
         max_slots: int,
         max_blocks_per_seq: int,
         max_batch_size: int,
+        tables: tuple[str, ...] = ...,
     ) -> None: ...
     def rows(self, module: Any = None) -> DeviceTableRows: ...
     def host_metadata(
@@ -37,7 +43,7 @@ class DeviceBlockTable:
         table_slots: torch.Tensor,
         gathers: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         num_indices: Sequence[int],
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+    ) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]: ...
 
 class _StagedMetadata(MetadataBuffers):
     def __init__(

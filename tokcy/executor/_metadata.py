@@ -40,7 +40,9 @@ class LayerGroupInputs:
     """One layer group's metadata: ``block_size``, ``slot_mapping`` (int64, one per token
     row, -1 for padding), ``block_table`` (sequences x max_blocks_per_seq, int32, zero
     past each sequence's blocks, -1 for released ones), and the CSR ``kv_indptr``
-    (sequences + 1), ``kv_indices`` (live blocks only) and ``kv_last_page_len``."""
+    (sequences + 1), ``kv_indices`` (live blocks only) and ``kv_last_page_len``. On a
+    device, ``block_table`` or ``kv_indices`` is None when the ``InputPreparer`` does not
+    gather it (its ``device_tables``)."""
 
     __slots__ = GROUP_FIELDS
 
@@ -49,7 +51,8 @@ class LayerGroupInputs:
             setattr(self, name, fields[name])
 
     def __repr__(self):
-        return f"LayerGroupInputs(block_size={self.block_size}, kv_indices={len(self.kv_indices)})"
+        indices = None if self.kv_indices is None else len(self.kv_indices)
+        return f"LayerGroupInputs(block_size={self.block_size}, kv_indices={indices})"
 
 
 class MetadataBuffers:
