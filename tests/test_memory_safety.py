@@ -116,8 +116,8 @@ def test_2_the_busy_guard_covers_the_whole_prepare_call(backend):
             return 4
 
     inputs = prepare_inputs([], requests, cuda_graph_batch_sizes=[Reentrant()], out=buffers)
-    assert refused == ["this InputWriter is in use by another call (another thread's, or one that code its own "
-                       "call runs made)"]
+    assert refused == ["this InputWriter is in use by another call (another thread's, or one re-entered from "
+                       "code this call runs)"]
     assert inputs.input_ids.tolist() == [3, 13, 23, 0]
     assert inputs.position_ids.tolist() == [2, 2, 2, 0]
     assert inputs.request_ids.tolist() == [0, 1, 2, -1]

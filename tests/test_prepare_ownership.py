@@ -78,8 +78,8 @@ def test_a_request_dying_with_the_batch_cannot_reenter_the_writer_that_drops_it(
             yield request
 
     inputs = prepare_inputs([], batch(), out=out, block_size=4)
-    assert refused == ["this InputWriter is in use by another call (another thread's, or one that code its own "
-                       "call runs made)"] * 3
+    assert refused == ["this InputWriter is in use by another call (another thread's, or one re-entered from "
+                       "code this call runs)"] * 3
     assert inputs.input_ids.tolist() == [7, 14, 24, 34]
     assert inputs.kv_lens.tolist() == [3, 5, 5, 5]
     # position 4 of each dying request is the first entry of its second block (10 + index)

@@ -16,6 +16,7 @@ cdef void start_write(AttentionMetadata meta) noexcept nogil:
     for group in range(meta.num_groups):
         meta.kv_indptr[group][0] = 0
 
+
 cdef void write_sequence(AttentionMetadata meta, Py_ssize_t index, Py_ssize_t pos0, Py_ssize_t seq_len, Py_ssize_t row,
                          Py_ssize_t seq) noexcept nogil:
     """Sequence ``seq`` (planned as ``index``), rows [row, row + seq_len) at positions pos0...:
@@ -68,6 +69,7 @@ cdef void write_sequence(AttentionMetadata meta, Py_ssize_t index, Py_ssize_t po
             debug_assert(start + live <= meta.cap_indices[group])
             memcpy(meta.kv_indices[group] + start, spec.blocks + first_live, live * sizeof(int32_t))
 
+
 cdef void write_padding(AttentionMetadata meta, Py_ssize_t row, Py_ssize_t seq) noexcept nogil:
     """A padding sequence: one row that writes no KV (slot -1), no KV, no blocks."""
     cdef Py_ssize_t group
@@ -88,6 +90,7 @@ cdef void write_padding(AttentionMetadata meta, Py_ssize_t row, Py_ssize_t seq) 
             meta.gather_base[group][seq] = seq * meta.width - meta.kv_indptr[group][seq]
         if meta.block_table[group] != NULL:
             memset(meta.block_table[group] + seq * meta.width, 0, meta.width * sizeof(int32_t))
+
 
 cdef void write_deltas(AttentionMetadata meta, Py_ssize_t num_tokens) noexcept nogil:
     """The changed entries planned with the sequences (plan_row_delta), after the used input
@@ -155,7 +158,7 @@ cdef inline GroupRows group_rows(AttentionMetadata meta, Py_ssize_t group, Py_ss
 
 cdef inline int32_t write_group_row(GroupRows out, const GroupSpec* spec, Py_ssize_t pos, Py_ssize_t index,
                                     int64_t row_start, int32_t live_sum, bint host_tables) noexcept nogil:
-    """One plain row's entries of one group (as AttentionMetadata.write_sequence): its slot,
+    """One plain row's entries of one group (as write_sequence()): its slot,
     CSR offset, last-page length, and what the device gather reads or (``host_tables``) the
     dense and CSR rows; ``row_start``: the sequence's row in the flat dense table,
     ``live_sum``: the group's CSR offset before it, returned after it. (``out`` by value: a
@@ -179,7 +182,7 @@ cdef inline int32_t write_group_row(GroupRows out, const GroupSpec* spec, Py_ssi
 
 cdef void write_plain_metadata(const PlainRow* rows, Py_ssize_t count, AttentionMetadata meta, Py_ssize_t row0,
                                Py_ssize_t seq0) noexcept nogil:
-    """meta.write_sequence(row.meta_index, row.pos0, 1, row0 + i, seq0 + i) for each plain
+    """write_sequence(meta, row.meta_index, row.pos0, 1, row0 + i, seq0 + i) for each plain
     row: the same entries, in one loop for the per-sequence ones and group 0, then one per
     other layer group, each keeping its running sums in registers. plain_rows_metadata()
     is inlined three times, each loop knowing what it writes: one group without host

@@ -108,8 +108,8 @@ def negative_limit(name, value):
 
 
 def busy():
-    raise RuntimeError("this InputWriter is in use by another call (another thread's, or one that code "
-                       "its own call runs made)")
+    raise RuntimeError("this InputWriter is in use by another call (another thread's, or one re-entered from "
+                       "code this call runs)")
 
 
 def metadata_busy():

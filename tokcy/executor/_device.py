@@ -83,7 +83,7 @@ def _packed_layout(max_num_tokens, max_batch_size, max_draft_len, num_groups=0):
 
 _new_object = object.__new__
 _NUM_ARRAYS = len(ARRAY_FIELDS)
-_MAX_CACHED_VIEWS = 4096  # per field; lengths are bounded by the capacities anyway
+_MAX_CACHED_VIEWS = 4096  # per cache of views (per field, the copies'); their sizes are bounded anyway
 
 
 class DeviceInputs:
