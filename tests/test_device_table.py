@@ -240,26 +240,26 @@ def one_group_arrays():
 # (prefill, blocks A's window released) -> per sequence (blocks, live, run starts), then
 # kv_indptr, kv_indices and the dense rows (4 columns)
 GATHER_EXAMPLES = {
-    (False, 1): ([3, 1, 0], [2, 1, 0], [1, 6, 13], [0, 2, 3, 3], [31, 32, 40],
+    (False, 1): ([3, 1, 0], [2, 1, 0], [17, -2, -3], [0, 2, 3, 3], [31, 32, 40],
                  [[-1, 31, 32, 0], [40, 0, 0, 0], [0, 0, 0, 0]]),
-    (True, 0): ([3, 1], [3, 1], [0, 5], [0, 3, 4], [30, 31, 32, 40], [[30, 31, 32, 0], [40, 0, 0, 0]]),
+    (True, 0): ([3, 1], [3, 1], [16, -3], [0, 3, 4], [30, 31, 32, 40], [[30, 31, 32, 0], [40, 0, 0, 0]]),
 }
 
 
 @pytest.mark.parametrize("prefill, released", list(GATHER_EXAMPLES), ids=["decode", "context"])
 def test_worked_example_what_the_gather_reads(backend, prefill, released):
-    """Block size 4, 8 columns. A: 10 tokens, KV 10 -> 3 blocks; B: 4 tokens, KV 4 -> 1
-    block. Decode step, padded to 3 (a padding sequence has no blocks), A's
-    first block released (2 live): CSR offsets [0, 2, 3, 3]; run starts (row * 8 +
-    blocks - CSR end): A 0 + 3 - 2 = 1, B 8 + 1 - 3 = 6, padding 16 + 0 - 3 = 13; the
-    CSR output o of a sequence reads the flat dense entry start + o: A's outputs 0, 1
-    read entries 1, 2 (its live blocks), B's output 2 entry 8. As context chunks (the
-    general writer, no padding; nothing released, the chunk covers block 0): A 0 + 3 -
-    3 = 0, B 8 + 1 - 4 = 5."""
+    """Block size 4, 8 columns, three slots. A (slot 2): 10 tokens, KV 10 -> 3 blocks; B
+    (slot 0): 4 tokens, KV 4 -> 1 block. Decode step, padded to 3 (a padding sequence has
+    no blocks and reads slot 0), A's first block released (2 live): CSR offsets [0, 2, 3,
+    3]; run starts (slot * 8 + blocks - CSR end): A 16 + 3 - 2 = 17, B 0 + 1 - 3 = -2,
+    padding 0 + 0 - 3 = -3; the CSR output o of a sequence reads the group's flat table
+    entry start + o: A's outputs 0, 1 read entries 17, 18 (slot 2's live blocks), B's
+    output 2 entry 0 (slot 0's first). As context chunks (the general writer, no padding;
+    nothing released, the chunk covers block 0): A 16 + 3 - 3 = 16, B 0 + 1 - 4 = -3."""
     blocks, live, starts, indptr, indices, dense = GATHER_EXAMPLES[prefill, released]
-    requests = slotted_requests(backend, [(7, 0, 10, [30, 31, 32]), (8, 1, 4, [40])], generating=not prefill)
+    requests = slotted_requests(backend, [(7, 2, 10, [30, 31, 32]), (8, 0, 4, [40])], generating=not prefill)
     requests[0].block_tables[0].release_front(released)
-    preparer = InputPreparer(32, 4, block_size=4, max_blocks_per_seq=8, max_slots=2)
+    preparer = InputPreparer(32, 4, block_size=4, max_blocks_per_seq=8, max_slots=3)
     context, generation = (requests, []) if prefill else ([], requests)
     inputs = preparer.prepare(context, generation, cuda_graph_batch_sizes=[3])
     padded = inputs.padded_batch_size

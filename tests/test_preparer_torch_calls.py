@@ -76,21 +76,23 @@ def test_device_tokens_add_one_gather_and_one_copy(backend):
     np.testing.assert_array_equal(inputs.input_ids.numpy(), np.arange(100, 108, dtype=np.int32))
 
 
-STEP = ["__get__"]  # the batch size read from the table slots' shape (the packed copy is numpy's on CPU)
-# one group, no block changed: gather the rows and mask past the blocks (dense table), then
-# the CSR indices: each sequence's run start repeated over its live blocks, plus the output
-# index, gathered; the blocks, live blocks and run starts come from the host, in the copy
+STEP = ["__get__"]  # the dense table's batch size, from the table slots' shape (the packed copy is numpy's on CPU)
+# one group, no block changed: gather the rows by slot and mask past the blocks (dense
+# table), then the CSR indices: each sequence's run start repeated over its live blocks,
+# plus the output index, gathered from the table; the blocks, live blocks and run starts
+# come from the host, in the copy
 PER_GROUP = ["index_select", "ge", "masked_fill_", "repeat_interleave", "add_", "index_select"]
 
 
-# a model reads one layout: the dense table alone is the masked gather; the CSR alone
-# gathers the batch's rows (its run starts index them), unmasked, then its indices
+# a model reads one layout: the dense table alone is the masked gather by slot; the CSR
+# alone gathers its entries from the table itself (the run starts index the slots' rows)
 DENSE_ONLY = ["index_select", "ge", "masked_fill_"]
-CSR_ONLY = ["index_select", "repeat_interleave", "add_", "index_select"]
+CSR_ONLY = ["repeat_interleave", "add_", "index_select"]
 
 
-@pytest.mark.parametrize(("tables", "per_group"), [("dense", DENSE_ONLY), ("csr", CSR_ONLY), ((), [])])
-def test_a_preparer_gathers_only_the_tables_it_is_asked_for(backend, tables, per_group):
+@pytest.mark.parametrize(("tables", "step", "per_group"), [("dense", STEP, DENSE_ONLY), ("csr", [], CSR_ONLY),
+                                                           ((), [], [])])
+def test_a_preparer_gathers_only_the_tables_it_is_asked_for(backend, tables, step, per_group):
     """``device_tables`` names what each step gathers, per group; the table it leaves out
     reads None and the other equals what a preparer gathering both returns."""
     requests, width = decode_batch(backend, 16, num_groups=2)
@@ -101,7 +103,7 @@ def test_a_preparer_gathers_only_the_tables_it_is_asked_for(backend, tables, per
     expected = both.prepare([], twins)
     preparer.prepare([], requests)
     inputs, names = counted(preparer, requests)
-    assert names == sorted((STEP if per_group else []) + per_group * 2)
+    assert names == sorted(step + per_group * 2)
     for actual, reference in zip(inputs.groups, expected.groups):
         if "dense" in tables:
             assert torch.equal(actual.block_table, reference.block_table)

@@ -62,7 +62,8 @@ cdef class AttentionMetadata:
     cdef int32_t* delta_area           # the staging tail from input_ids (8-byte aligned): deltas go after the used ids
     cdef Py_ssize_t delta_capacity
     # per sequence and group, what the device gather reads: the blocks holding the KV, the
-    # live ones (the CSR row's length) and where its CSR run starts in the flat dense table
+    # live ones (the CSR row's length) and where its CSR run starts in the group's flat
+    # device table (its slot's row)
     cdef int32_t* gather_blocks[MAX_LAYER_GROUPS]
     cdef int64_t* gather_live[MAX_LAYER_GROUPS]
     cdef int64_t* gather_base[MAX_LAYER_GROUPS]
@@ -161,7 +162,8 @@ cdef class AttentionMetadata:
         row it reads into ``table_slots``, the changed entries into ``delta_area``, and per
         group (a sequence of arrays each) what the device gather reads: ``gather_blocks``
         (the blocks holding its KV), ``gather_live`` (int64: its live blocks) and ``gather_base``
-        (int64: its row's flat start in the dense table plus its blocks, minus its CSR end).
+        (int64: where its slot's row starts in the group's flat device table, plus its
+        blocks, minus its CSR end: CSR entry ``k`` of the sequence is table entry base + k).
         ``delta_area`` must be 8-byte aligned: the changed entries' indices are int64."""
         cdef Py_ssize_t group, count = self.num_bound_groups
         cdef int32_t* blocks[MAX_LAYER_GROUPS]

@@ -61,7 +61,8 @@ cdef void write_sequence(AttentionMetadata meta, Py_ssize_t index, Py_ssize_t po
         if meta.has_device_table:
             meta.gather_blocks[group][seq] = <int32_t>num_blocks
             meta.gather_live[group][seq] = live
-            meta.gather_base[group][seq] = seq * meta.width + num_blocks - (start + live)
+            meta.gather_base[group][seq] = (<int64_t>meta.sequence_slots[index] * meta.width + num_blocks
+                                            - (start + live))
         if meta.block_table[group] != NULL:
             dense = meta.block_table[group] + seq * meta.width
             memcpy(dense, spec.blocks, num_blocks * sizeof(int32_t))
@@ -87,7 +88,7 @@ cdef void write_padding(AttentionMetadata meta, Py_ssize_t row, Py_ssize_t seq) 
         if meta.has_device_table:  # no blocks, no live ones: its run start is never read
             meta.gather_blocks[group][seq] = 0
             meta.gather_live[group][seq] = 0
-            meta.gather_base[group][seq] = seq * meta.width - meta.kv_indptr[group][seq]
+            meta.gather_base[group][seq] = -meta.kv_indptr[group][seq]  # (slot 0's row)
         if meta.block_table[group] != NULL:
             memset(meta.block_table[group] + seq * meta.width, 0, meta.width * sizeof(int32_t))
 
@@ -157,10 +158,12 @@ cdef inline GroupRows group_rows(AttentionMetadata meta, Py_ssize_t group, Py_ss
 
 
 cdef inline int32_t write_group_row(GroupRows out, const GroupSpec* spec, Py_ssize_t pos, Py_ssize_t index,
-                                    int64_t row_start, int32_t live_sum, bint host_tables) noexcept nogil:
+                                    int64_t row_start, int64_t table_row, int32_t live_sum,
+                                    bint host_tables) noexcept nogil:
     """One plain row's entries of one group (as write_sequence()): its slot,
     CSR offset, last-page length, and what the device gather reads or (``host_tables``) the
-    dense and CSR rows; ``row_start``: the sequence's row in the flat dense table,
+    dense and CSR rows; ``row_start``: the sequence's row in the flat dense table (host
+    tables), ``table_row``: its slot's row in the group's flat device table (the gather),
     ``live_sum``: the group's CSR offset before it, returned after it. (``out`` by value: a
     copy no output pointer can alias, so its fields stay in registers.)"""
     cdef Py_ssize_t block = block_of(pos, out.block_size, out.shift)
@@ -172,7 +175,7 @@ cdef inline int32_t write_group_row(GroupRows out, const GroupSpec* spec, Py_ssi
     if out.gather_blocks != NULL:
         out.gather_blocks[index] = <int32_t>(block + 1)
         out.gather_live[index] = live
-        out.gather_base[index] = row_start + (block + 1) - (live_sum + live)
+        out.gather_base[index] = table_row + (block + 1) - (live_sum + live)
     if host_tables:  # the row padded with zeros, the live blocks in the CSR
         memcpy(out.dense + row_start, spec.blocks, (block + 1) * sizeof(int32_t))
         memset(out.dense + row_start + block + 1, 0, (out.width - block - 1) * sizeof(int32_t))
@@ -205,6 +208,7 @@ cdef inline void plain_rows_metadata(const PlainRow* rows, Py_ssize_t count, Att
     cdef int32_t* table_slots = meta.table_slots + seq0 if meta.has_device_table else NULL
     cdef int32_t kv_len, kv_sum = cu_kv_seqlens[0], max_kv_len = meta.max_kv_len
     cdef int64_t width = meta.width, row_start = seq0 * width  # the sequence's row in the flat dense table
+    cdef int64_t table_row = 0  # its slot's row in the flat device table
     cdef GroupRows out = group_rows(meta, 0, row0, seq0)
     cdef int32_t live_sum = out.indptr[0]
     debug_assert(row0 + count <= meta.cap_tokens and seq0 + count <= meta.cap_seqs)
@@ -217,8 +221,9 @@ cdef inline void plain_rows_metadata(const PlainRow* rows, Py_ssize_t count, Att
             max_kv_len = kv_len
         if table_slots != NULL:
             table_slots[index] = meta.sequence_slots[rows[index].meta_index]
+            table_row = table_slots[index] * width
         live_sum = write_group_row(out, &meta.groups[rows[index].meta_index * num_groups], rows[index].pos0,
-                                   index, row_start, live_sum, host_tables)
+                                   index, row_start, table_row, live_sum, host_tables)
         row_start += width
     debug_assert(not host_tables or live_sum <= meta.cap_indices[0])
     meta.max_kv_len = max_kv_len
@@ -229,7 +234,9 @@ cdef inline void plain_rows_metadata(const PlainRow* rows, Py_ssize_t count, Att
         live_sum = out.indptr[0]
         row_start = seq0 * width
         for index in range(count):
+            if table_slots != NULL:
+                table_row = table_slots[index] * width
             live_sum = write_group_row(out, &meta.groups[rows[index].meta_index * num_groups + group],
-                                       rows[index].pos0, index, row_start, live_sum, host_tables)
+                                       rows[index].pos0, index, row_start, table_row, live_sum, host_tables)
             row_start += width
         debug_assert(not host_tables or live_sum <= meta.cap_indices[group])

@@ -295,7 +295,8 @@ class AttentionMetadata:
         if self.has_device_table:
             self.table_slots[:count] = [entry[0] for entry, _, _, _ in sequences]
             self.table_slots[count:padded] = 0
-            row_starts = np.arange(padded, dtype=np.int64) * self.width  # each sequence's row, flat
+            # where each sequence's row starts in its group's device table, flat: its slot's row
+            row_starts = self.table_slots[:padded].astype(np.int64) * self.width
         for group, block_size in enumerate(self.block_sizes):
             slots = self.slot_mapping[group]
             indptr = self.kv_indptr[group]

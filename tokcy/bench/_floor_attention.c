@@ -138,7 +138,7 @@ static int64_t attention_once(void *state) {
             p[at->kv_last_page_len[g] + i] = (int32_t)(n - block * size);
             p[at->gather_blocks[g] + i] = (int32_t)(block + 1);
             ((int64_t *)(p + at->gather_live[g]))[i] = live;
-            ((int64_t *)(p + at->gather_base[g]))[i] = i * w->width + block + 1 - live_sum[g];
+            ((int64_t *)(p + at->gather_base[g]))[i] = (int64_t)r->slot * w->width + block + 1 - live_sum[g];
             if (t->stamp != w->row_stamps[row]) {  /* the entries its row lacks */
                 for (int64_t j = t->dirty_from; j < t->num_blocks; j++) {
                     w->changed_index[changed] = row * w->width + j;

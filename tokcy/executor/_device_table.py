@@ -50,6 +50,9 @@ class DeviceBlockTable:
         self._torch = torch
         self.table = torch.zeros((num_groups, max_slots, max_blocks_per_seq), dtype=torch.int32, device=device)
         self._flat = self.table.view(-1)
+        # per group its table (what the dense rows are gathered from, by slot) and the same, flat (the CSR's source)
+        self._group_tables = [self.table[group] for group in range(num_groups)]
+        self._group_flat = [table.view(-1) for table in self._group_tables]
         self.block_table = torch.zeros((num_groups, max_batch_size, max_blocks_per_seq), dtype=torch.int32,
                                        device=device)
         self.kv_indices = torch.zeros((num_groups, max_batch_size * max_blocks_per_seq), dtype=torch.int32,
@@ -79,14 +82,15 @@ class DeviceBlockTable:
         ``packed_int64``, a view of the same memory, then their int32 values), then per
         group gather the batch's dense table (masked past each sequence's blocks) and its
         CSR indices, from what the host wrote per sequence (``gathers``, per group: its
-        blocks as a column, its live blocks and where its CSR run starts in the flat dense
-        table; see ``AttentionMetadata.bind_device_table``). Returns, per group,
-        (block_table view, kv_indices view), None for a table not in ``tables``.
+        blocks as a column, its live blocks and where its CSR run starts in the group's
+        flat table, its slot's row; see ``AttentionMetadata.bind_device_table``). Returns,
+        per group, (block_table view, kv_indices view), None for a table not in ``tables``.
 
         Every view of a persistent tensor it needs is made once per size and kept
-        (``_batch_views``): a group costs six torch calls with both tables, each one or
-        more device ops; three with the dense one alone, four with the CSR alone (its
-        gather reads the batch's rows, unmasked), none with neither."""
+        (``_batch_views``). Per group the dense table costs three torch calls (the rows
+        gathered by slot, masked past each sequence's blocks) and the CSR three (each run
+        start repeated over its live blocks, plus the output index, gathered from the
+        table itself), each one or more device ops."""
         torch = self._torch
         if num_changed:  # int64 indices: index_put_ converts no others (one device op fewer)
             indices = packed_int64[delta_offset // 2 : delta_offset // 2 + num_changed]
@@ -94,32 +98,29 @@ class DeviceBlockTable:
             self._flat[indices] = packed[values : values + num_changed]
         if not self.tables:
             return [(None, None)] * self.num_groups
-        views = self._batch_views(table_slots.shape[0])
+        views = self._batch_views(table_slots.shape[0]) if self._dense else None
         outputs = []
         for group, (num_blocks, live, base) in enumerate(gathers):
-            dense, dense_flat, source = views[group]
-            torch.index_select(source, 0, table_slots, out=dense)
-            indices = None
+            dense = indices = None
             if self._dense:
+                dense = views[group]
+                torch.index_select(self._group_tables[group], 0, table_slots, out=dense)
                 dense.masked_fill_(self._columns >= num_blocks, 0)
-            if self._csr:  # the live entries only: the mask past the blocks changes none of them
+            if self._csr:
                 total = num_indices[group]
                 indices, offsets = self._indices_views(group, total)
                 if total:
                     flat = torch.repeat_interleave(base, live, output_size=total)
                     flat += offsets
-                    torch.index_select(dense_flat, 0, flat, out=indices)
-            outputs.append((dense if self._dense else None, indices))
+                    torch.index_select(self._group_flat[group], 0, flat, out=indices)
+            outputs.append((dense, indices))
         return outputs
 
     def _batch_views(self, padded):
-        """Per group (dense[:padded], its flat view, table[group])."""
+        """Per group, the batch's dense output ``block_table[group, :padded]``."""
         views = self._views.get(padded)
         if views is None:
-            views = self._views[padded] = []
-            for group in range(self.num_groups):
-                dense = self.block_table[group, :padded]
-                views.append((dense, dense.view(-1), self.table[group]))
+            views = self._views[padded] = [self.block_table[group, :padded] for group in range(self.num_groups)]
         return views
 
     def _indices_views(self, group, total):
