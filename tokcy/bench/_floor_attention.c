@@ -209,7 +209,7 @@ static int make_world(AttentionWorld *w, void ***spacers, int64_t seq_len) {
         r->num_tokens = seq_len;
         r->prompt_len = (int32_t)seq_len;  /* the scenario's requests: all prompt, one row each */
         r->request_id = i;
-        r->slot = (int32_t)i;
+        r->slot = (int32_t)(count - 1 - i);  /* the scenario's slots: the batch's order reversed */
         for (int g = 0; g < w->groups; g++) {
             FloorTable *t = &r->tables[g];
             t->ids = malloc((size_t)w->width * sizeof(int32_t));

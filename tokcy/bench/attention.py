@@ -89,7 +89,7 @@ class World:
         for index in range(batch):
             request = backend.Request(index, prompt, num_layer_groups=num_groups)
             request.state = RequestState.GENERATION_IN_PROGRESS
-            request.seq_slot = index
+            request.seq_slot = batch - 1 - index  # slots out of batch order, as an engine's are
             for group, table in enumerate(request.block_tables):
                 table.extend(np.arange(self.width, dtype=np.int32) + (group * batch + index) * self.width)
             self.requests.append(request)
