@@ -20,9 +20,11 @@ from tokcy._pure.metadata import delta_end, delta_start
 from tokcy.executor._host import (
     ARRAY_FIELDS,
     COUNT_FIELDS,
+    _NUM_ARRAYS,
     HostBuffers,
     _count,
     _install_fields,
+    _new_object,
     _used_length,
     capacity_lengths,
     written_inputs,
@@ -81,8 +83,6 @@ def _packed_layout(max_num_tokens, max_batch_size, max_draft_len, num_groups=0):
     return layout, offset
 
 
-_new_object = object.__new__
-_NUM_ARRAYS = len(ARRAY_FIELDS)
 _MAX_CACHED_VIEWS = 4096  # per cache of views (per field, the copies'); their sizes are bounded anyway
 
 

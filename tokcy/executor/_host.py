@@ -45,6 +45,7 @@ COUNT_FIELDS = (
 )
 _REQUEST_IDS = ARRAY_FIELDS.index("request_ids")
 _new_object = object.__new__
+_NUM_ARRAYS = len(ARRAY_FIELDS)  # an inputs object's views, one slot per array field
 
 
 def _count(value, name, minimum=0):
@@ -115,7 +116,7 @@ class PreparedInputs:
         self._arrays = arrays if type(arrays) in (list, tuple) else tuple(arrays)
         self._counts = counts
         self._metadata = None
-        self._views = [None] * len(ARRAY_FIELDS)
+        self._views = [None] * _NUM_ARRAYS
 
     def _metadata_fields(self):
         return _made_fields(self, attach)  # from (buffers, results, block sizes, tokens, padded)
@@ -341,13 +342,13 @@ def prepare_into(out, module, context_requests, generation_requests, first_draft
 
 def written_inputs(out, counts, results, sizes_per_group):
     """The ``PreparedInputs`` of a call that wrote ``counts`` into ``out``, with the metadata
-    writer's ``results()`` when the call gave block sizes (``InputPreparer`` calls its
-    staging buffer's writer itself, then this)."""
+    writer's ``results()`` when the call gave block sizes (``DeviceInputs.host`` makes
+    its staging buffer's this way when first read)."""
     prepared = _new_object(PreparedInputs)  # PreparedInputs(out.arrays, counts) without the __init__ call
     prepared._arrays = out.arrays
     prepared._counts = counts
     prepared._metadata = None
-    prepared._views = [None] * len(ARRAY_FIELDS)
+    prepared._views = [None] * _NUM_ARRAYS
     if sizes_per_group is not None:
         prepared._set_metadata(out.metadata, results, sizes_per_group)
     return prepared
