@@ -89,33 +89,91 @@ def test_a_request_dying_with_the_batch_cannot_reenter_the_writer_that_drops_it(
     assert again.input_ids.tolist() == [7] and again.groups[0].slot_mapping.tolist() == [38]
 
 
-def test_a_large_write_owns_its_storages_while_another_thread_grows_the_requests(backend):
-    """A context chunk of 40,000 tokens (a write large enough to release the GIL) while a
-    second thread keeps appending to the same requests, which replaces their storage:
-    the chunk rows are the prompt, every time."""
-    prompt = (np.arange(40_000, dtype=np.int32) * 7) % 30_011
-    requests = [backend.Request(index, prompt + index) for index in range(2)]
-    for request in requests:
-        request.context_chunk_size = 20_000
+# a chunk this long makes a write large enough to release the GIL (the compiled writer
+# releases it from 256 Ki written entries: two chunks are 300,000 token rows)
+CHUNK = 150_000
+
+
+def test_a_large_write_owns_its_storages_while_another_thread_replaces_them(backend):
+    """Eight context chunks of 150,000 tokens (a write large enough to release the GIL)
+    while a second thread keeps replacing the last request's token storage, which the
+    write reads last: each of its rounds rewrites the generated token below a view it
+    holds (so the buffer copies itself into new storage) and drops the view, which frees
+    the storage the write may be reading. The chunk rows are the prompts, every time."""
+    prompt = (np.arange(2 * CHUNK, dtype=np.int32) * 7) % 30_011
+    requests = []
+    for index in range(8):
+        request = backend.Request(index, prompt + index)
+        request.add_new_token(5)
+        request.context_chunk_size = CHUNK
+        requests.append(request)
+    target = requests[-1]
     stop = threading.Event()
+    rounds = []
 
-    def grow():
+    def replace():
         while not stop.is_set():
-            for request in requests:
-                view = request.get_tokens_view(0)  # as above: each append replaces and frees the storage
-                request.add_new_token(1)
-                del view
-                request.truncate(40_000)
+            view = target.get_tokens_view(0)
+            target.truncate(2 * CHUNK)
+            target.add_new_token(5)  # written below the view: new storage, same tokens
+            del view  # the old storage freed
+            rounds.append(None)
 
-    worker = threading.Thread(target=grow)
-    out = HostBuffers(40_000, 2)
+    worker = threading.Thread(target=replace)
+    out = HostBuffers(8 * CHUNK, 8)
     worker.start()
     try:
-        for _ in range(20):
+        for _ in range(10):
             inputs = prepare_inputs(requests, [], out=out)
-            assert np.array_equal(inputs.input_ids[:20_000], prompt[:20_000])
-            assert np.array_equal(inputs.input_ids[20_000:], prompt[:20_000] + 1)
-            assert inputs.gather_ids.tolist() == [19_999, 39_999]
+            for index in range(8):
+                assert np.array_equal(inputs.input_ids[index * CHUNK : (index + 1) * CHUNK], prompt[:CHUNK] + index)
+            assert inputs.gather_ids.tolist() == [(index + 1) * CHUNK - 1 for index in range(8)]
     finally:
         stop.set()
         worker.join()
+    assert rounds  # the other thread ran
+
+
+def test_a_large_write_owns_the_block_tables_while_another_thread_replaces_them(backend):
+    """The same with the attention metadata: two chunks of 150,000 tokens with block size 16
+    (9,375 blocks each), written without the GIL while a second thread keeps replacing the
+    tables' storage (an id rewritten with its own value below a view held, then the view
+    dropped): the slots, the CSR and the dense rows are the planned blocks, every time."""
+    block_size, num_blocks = 16, CHUNK // 16
+    requests = []
+    for index in range(2):
+        request = backend.Request(index, np.arange(CHUNK, dtype=np.int32))
+        request.context_chunk_size = CHUNK
+        request.block_tables[0].extend(np.arange(num_blocks, dtype=np.int32) * 2 + index)
+        requests.append(request)
+    stop = threading.Event()
+    rounds = []
+
+    def replace():
+        while not stop.is_set():
+            for request in requests:
+                table = request.block_tables[0]
+                view = table.view()
+                table[0] = table[0]  # written below the view: new storage, same ids
+                del view  # the old storage freed
+            rounds.append(None)
+
+    out = HostBuffers(2 * CHUNK, 2, max_blocks_per_seq=num_blocks + 1)
+    blocks = [np.arange(num_blocks, dtype=np.int64) * 2 + index for index in range(2)]
+    slots = np.concatenate([np.repeat(ids, block_size) * block_size + np.tile(np.arange(block_size), num_blocks)
+                            for ids in blocks])
+    worker = threading.Thread(target=replace)
+    worker.start()
+    try:
+        for _ in range(10):
+            inputs = prepare_inputs(requests, [], out=out, block_size=block_size)
+            group = inputs.groups[0]
+            assert np.array_equal(group.slot_mapping, slots)
+            assert np.array_equal(group.kv_indices, np.concatenate(blocks))
+            assert group.kv_indptr.tolist() == [0, num_blocks, 2 * num_blocks]
+            assert np.array_equal(group.block_table[:, :num_blocks], np.stack(blocks))
+            assert not group.block_table[:, num_blocks:].any()
+    finally:
+        stop.set()
+        worker.join()
+    assert rounds

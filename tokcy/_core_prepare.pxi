@@ -24,8 +24,11 @@ from libc.string cimport memset
 from tokcy import _prepare_checks as _checks
 
 # pass 2 releases the GIL when it writes at least this many entries (token rows plus
-# metadata entries); below, releasing and retaking it costs more than the write itself
-cdef Py_ssize_t NOGIL_MIN_WRITES = 1 << 15
+# metadata entries: 1 MiB of int32, tens of us). Releasing it first takes a reference to
+# every storage the plan reads (two per sequence and layer group): for 256 decode rows
+# with their host tables (66 Ki entries) that alone cost 2 us, 15% of the call, and a
+# shorter write holds the GIL for no longer than that
+cdef Py_ssize_t NOGIL_MIN_WRITES = 1 << 18
 
 
 @cython.final
