@@ -2,7 +2,8 @@
 layer group): the compiled backend plans a run of them with its totals in locals and
 writes them in loops of their own, and each table's device-table delta is planned with
 it; only the tables that send entries are committed. Checked here, both backends, with
-one layer group and with two (of different block sizes):
+one layer group, two and three (of different block sizes; the compiled plan takes one
+group, two and more along three different paths):
 
 * a worked example: exact arrays, the entries each step sends and the device rows;
 * random runs mixing that sequence with every other one (Request subclasses, drafts,
@@ -86,7 +87,7 @@ def lowest_keep(request, block_sizes):
                                        for table, size in zip(request.block_tables, block_sizes)])
 
 
-SECOND_GROUP = {1: 2, 3: 4, 16: 32}  # group 1's block size beside group 0's
+MORE_GROUPS = {1: (2, 3), 3: (4, 2), 16: (32, 8)}  # groups 1 and 2's block sizes beside group 0's
 
 
 class Run:
@@ -94,7 +95,7 @@ class Run:
 
     def __init__(self, module, seed, block_size, torch_copy, num_groups=1):
         self.module, self.rng = module, np.random.default_rng(seed)
-        self.sizes = (block_size, SECOND_GROUP[block_size])[:num_groups]
+        self.sizes = ((block_size,) + MORE_GROUPS[block_size])[:num_groups]
         self.preparer = InputPreparer(256, SLOTS, max_draft_len=MAX_DRAFT_LEN, block_sizes=self.sizes,
                                       max_blocks_per_seq=WIDTH, max_slots=SLOTS)
         self.preparer._host_copy = not torch_copy
@@ -155,7 +156,7 @@ class Run:
 
 @pytest.mark.parametrize("block_size", [1, 3, 16])
 @pytest.mark.parametrize("torch_copy", [False, True])
-@pytest.mark.parametrize("num_groups", [1, 2])
+@pytest.mark.parametrize("num_groups", [1, 2, 3])
 def test_random_runs_match_reference_and_other_backend(backend, both_backends, monkeypatch, block_size, torch_copy,
                                                        num_groups):
     other = both_backends[1] if backend is both_backends[0] else both_backends[0]

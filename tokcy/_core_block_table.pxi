@@ -54,8 +54,8 @@ Growable int32 list of the KV-cache block ids assigned to one request (one layer
     """
 
     # the ids and their released count (_buffer.num_released): made here once and never
-    # replaced (__init__ and _restore refill it), because a Request keeps its first
-    # table's buffer for the hot loops (set_block_tables)
+    # replaced (__init__ and _restore refill it), because a Request keeps its first two
+    # tables' buffers for the hot loops (set_block_tables)
     cdef Int32Buffer _buffer
 
     def __cinit__(self, *args, **kwargs):

@@ -371,17 +371,21 @@ cdef class AttentionMetadata:
         of the first that is not, for which nothing is recorded. Group 0's running totals stay
         in locals; the requests and their tables are borrowed (the writer holds the batch, each
         request its tables tuple, and nothing here runs Python code). Group 0 is planned
-        inline (its ids are the request's _blocks0), the others by plan_decode_groups()."""
+        inline (its ids are the request's _blocks0), and so is group 1 of a two-group call
+        (_blocks1); more groups are planned by plan_decode_groups()."""
         cdef PyObject* request
         cdef PyObject* buffer
+        cdef PyObject* buffer1
         cdef Py_ssize_t num_groups = self.num_groups
         cdef GroupSpec* spec = &self.groups[self.num_planned * num_groups]
         cdef int32_t* sequence_slots = self.sequence_slots + self.num_planned
-        cdef Py_ssize_t first = index, pos, size, released, block, count
+        cdef Py_ssize_t first = index, pos, size, released, block, count, size1, released1, block1
         cdef Py_ssize_t width = self.width, max_slots = self.max_slots, changes = self.planned_changes
         cdef Py_ssize_t longest = self.longest_table, total_live = self.total_live[0]
+        cdef Py_ssize_t total_live1 = self.total_live[1] if num_groups == 2 else 0
         cdef int64_t total_kv = self.total_kv, block_size = self.block_size[0], slot = 0, plan_stamp = 0
-        cdef int shift = self.block_shift[0]
+        cdef int64_t block_size1 = self.block_size[1] if num_groups == 2 else 1
+        cdef int shift = self.block_shift[0], shift1 = self.block_shift[1] if num_groups == 2 else 0
         cdef bint device = self.has_device_table, owns = self.owns_refs
         cdef int64_t* slot_seen = NULL
         cdef int64_t* slot_request = NULL
@@ -407,7 +411,26 @@ cdef class AttentionMetadata:
                 if slot < 0 or slot >= max_slots or slot_seen[slot] == plan_stamp:
                     break
             set_group_spec(spec, buffer, size, released)
-            if num_groups > 1:  # the other groups, and every group's delta (nothing fails after this)
+            if num_groups == 2:  # (a hybrid model's usual two) group 1 as group 0, from _blocks1
+                buffer1 = <PyObject*>(<Request>request)._blocks1
+                if <void*>buffer1.ob_type != <void*>Int32Buffer:
+                    break
+                size1 = (<Int32Buffer>buffer1).size
+                released1 = (<Int32Buffer>buffer1).num_released
+                block1 = block_of(pos, block_size1, shift1)
+                if size1 > width or block1 >= size1 or block1 < released1:
+                    break
+                set_group_spec(spec + 1, buffer1, size1, released1)  # nothing fails after this
+                if device:  # group 0's delta first (as plan_sequence() orders them)
+                    changes += self.record_delta(spec, 0, slot)
+                    changes += self.record_delta(spec + 1, 1, slot)
+                if owns:
+                    Py_INCREF(<object>spec[1].storage_owner)
+                    Py_INCREF(<object>buffer1)
+                if size1 > longest:
+                    longest = size1
+                total_live1 += block1 + 1 - released1
+            elif num_groups > 1:  # the other groups, and every group's delta (nothing fails after this)
                 count = self.plan_decode_groups(<Request>request, pos, spec, slot)
                 if count < 0:
                     break
@@ -430,6 +453,8 @@ cdef class AttentionMetadata:
         self.num_planned += index - first
         self.total_kv = total_kv
         self.total_live[0] = total_live
+        if num_groups == 2:
+            self.total_live[1] = total_live1
         if longest > self.longest_table:  # (plan_decode_groups() keeps it too)
             self.longest_table = longest
         self.planned_changes = changes

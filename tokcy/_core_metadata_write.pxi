@@ -194,6 +194,8 @@ cdef void write_plain_metadata(const PlainRow* rows, Py_ssize_t count, Attention
     if meta.block_table[0] == NULL:
         if meta.num_groups == 1:
             plain_rows_metadata(rows, count, meta, row0, seq0, False, 1)
+        elif meta.num_groups == 2:
+            plain_rows_metadata(rows, count, meta, row0, seq0, False, 2)
         else:
             plain_rows_metadata(rows, count, meta, row0, seq0, False, meta.num_groups)
     else:
@@ -211,6 +213,8 @@ cdef inline void plain_rows_metadata(const PlainRow* rows, Py_ssize_t count, Att
     cdef int64_t table_row = 0  # its slot's row in the flat device table
     cdef GroupRows out = group_rows(meta, 0, row0, seq0)
     cdef int32_t live_sum = out.indptr[0]
+    cdef GroupRows out1 = group_rows(meta, 1 if num_groups == 2 else 0, row0, seq0)  # (read with two groups)
+    cdef int32_t live_sum1 = out1.indptr[0]
     debug_assert(row0 + count <= meta.cap_tokens and seq0 + count <= meta.cap_seqs)
     for index in range(count):
         kv_len = rows[index].pos0 + 1
@@ -224,12 +228,15 @@ cdef inline void plain_rows_metadata(const PlainRow* rows, Py_ssize_t count, Att
             table_row = table_slots[index] * width
         live_sum = write_group_row(out, &meta.groups[rows[index].meta_index * num_groups], rows[index].pos0,
                                    index, row_start, table_row, live_sum, host_tables)
+        if num_groups == 2:  # group 1 in the same loop: the row's reads are at hand
+            live_sum1 = write_group_row(out1, &meta.groups[rows[index].meta_index * 2 + 1], rows[index].pos0,
+                                        index, row_start, table_row, live_sum1, host_tables)
         row_start += width
     debug_assert(not host_tables or live_sum <= meta.cap_indices[0])
     meta.max_kv_len = max_kv_len
     if count and meta.max_query_len < 1:
         meta.max_query_len = 1
-    for group in range(1, num_groups):
+    for group in range(2 if num_groups == 2 else 1, num_groups):
         out = group_rows(meta, group, row0, seq0)
         live_sum = out.indptr[0]
         row_start = seq0 * width

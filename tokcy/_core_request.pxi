@@ -26,7 +26,8 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     # The fields the hot loops read come first, together (C keeps the declaration order):
     # everything the connector's row reads of a one-group request, the type included, lies
     # in bytes 8 to 63 (more groups add the tables tuple); the executor's decode row adds
-    # _beam_width and _prompt_len on the next line, and its device rows _seq_slot. The
+    # _beam_width and _prompt_len on the next line, its device rows _seq_slot, and a
+    # two-group decode row _blocks1 (the second table's ids, with no tuple or table to read). The
     # class has no C methods (so no vtable pointer at byte 16: the helpers below the class
     # are functions), and with the pad the object is 176 bytes, 192 with the collector's
     # header: CPython's small-object allocator then starts every Request on a 64-byte line
@@ -48,14 +49,15 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     cdef Py_ssize_t _beam_width
     cdef Py_ssize_t _prompt_len
     cdef int64_t _seq_slot           # NO_SLOT for None
-    cdef Py_ssize_t _context_position
+    cdef Int32Buffer _blocks1        # as _blocks0, of _block_tables[1] (None without one)
     cdef Py_ssize_t _chunk_size
-    cdef tuple _block_tables         # set only by set_block_tables (with _num_groups, _blocks0)
+    cdef tuple _block_tables         # set only by set_block_tables (with _num_groups, _blocks0, _blocks1)
+    cdef Py_ssize_t _context_position
     cdef list _beams                 # Int32Buffer per beam
     cdef Py_ssize_t _orig_prompt_len
     cdef int64_t _max_new_tokens     # NO_LIMIT for None
     cdef object _state               # RequestState member
-    cdef Py_ssize_t _layout_pad[4]
+    cdef Py_ssize_t _layout_pad[3]
 
     def __cinit__(self, *args, **kwargs):
         # One empty beam until __init__ runs, so that even an object whose __init__ was
@@ -473,6 +475,7 @@ cdef inline int set_block_tables(Request request, tuple tables) except -1:
     request._block_tables = tables
     request._num_groups = <int16_t>len(tables)
     request._blocks0 = (<BlockTable>tables[0])._buffer if tables and type(tables[0]) is BlockTable else None
+    request._blocks1 = (<BlockTable>tables[1])._buffer if len(tables) > 1 and type(tables[1]) is BlockTable else None
     return 0
 
 
@@ -503,7 +506,7 @@ cdef tuple retire_fields(Request request):
     ones can run Python code (a weakref callback), which must find every field of one
     state, so that happens when the caller drops this tuple, after its last write."""
     return (request._beams, request._beam0, request._draft_tokens, request._block_tables, request._blocks0,
-            request._state)
+            request._blocks1, request._state)
 
 
 cdef inline int same_beams(Request request, list beams, str argument) except -1:
