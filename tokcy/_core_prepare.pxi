@@ -304,12 +304,8 @@ cdef class InputWriter:
         """Pass 1. ``own`` False (prepare(): pass 2 follows at once, with no Python code in
         between) borrows the storages: the batch's sequences are held instead, and _write()
         takes the references only if it releases the GIL."""
-        cdef Request request
         cdef AttentionMetadata meta = None
-        cdef Int32Buffer buffer
-        cdef SeqSpec* spec
-        cdef Py_ssize_t index, beam, n, start, chunk, k, num_sequences, best, size, count
-        cdef object item
+        cdef Py_ssize_t index, count
         cdef PyObject** items
         self._release()
         if max_draft_len < 0:
@@ -342,170 +338,24 @@ cdef class InputWriter:
         self._num_draft_requests = 0
         self._num_device = 0
         try:
-            # context chunks: beam 0 tokens [p, p + c)
-            index = 0
-            for item in contexts:
-                if not isinstance(item, Request):
-                    _checks.not_a_request(_checks.CONTEXT, index, item)
-                request = <Request>item
-                if self._seen(request._request_id):
-                    _checks.duplicate(request._request_id)
-                if request._state_code != 0:
-                    _checks.wrong_state(_checks.CONTEXT, request._request_id, request._state_code, 0)
-                chunk = request._chunk_size
-                start = request._context_position
-                if chunk <= 0:
-                    _checks.empty_chunk(request._request_id)
-                if start + chunk > request._prompt_len:
-                    _checks.chunk_past_prompt(request._request_id, start, chunk, request._prompt_len)
-                spec = self._add()
-                set_spec(spec, request, request._beam0, start, chunk, chunk, start, KIND_CONTEXT, own)
-                self._num_specs += 1
-                if meta is not None:
-                    spec.meta_index = <int32_t>meta.num_planned
-                    meta.plan_sequence(request, start, chunk)
-                self._num_context_tokens += chunk
-                self._num_gather += 1
-                index += 1
+            plan_contexts(self, contexts, meta, own)
             self._num_context = self._num_specs
-            # generation: with drafts (one sequence of 1 + k rows) or plain (a row per beam);
-            # runs of plain decode rows take _plan_decode_rows, every other request the checks
-            # below (which also refuse, with the error, what that fast path stops at)
+            # generation: runs of plain decode rows take _plan_decode_rows, every other
+            # request plan_generation_request() (which also refuses, with the error, what
+            # that fast path stops at)
             items = PySequence_Fast_ITEMS(generations)
             count = len(generations)
             index = self._plan_decode_rows(items, 0, count, own, meta)
             while index < count:
-                item = <object>items[index]
-                if not isinstance(item, Request):
-                    _checks.not_a_request(_checks.GENERATION, index, item)
-                request = <Request>item
-                if self._seen(request._request_id):
-                    _checks.duplicate(request._request_id)
-                if request._state_code != 1:
-                    _checks.wrong_state(_checks.GENERATION, request._request_id, request._state_code, 1)
-                k = request._draft_tokens.size
-                if k:
-                    if request._beam_width != 1:
-                        _checks.needs_single_beam(_checks.GENERATION, request._request_id, request._beam_width)
-                    if k > max_draft_len:
-                        _checks.too_many_drafts(request._request_id, k, max_draft_len)
-                    buffer = request._beam0
-                    n = buffer.size
-                    if n == 0:
-                        _checks.no_tokens(_checks.GENERATION, request._request_id, 0)
-                    spec = self._add()
-                    set_spec(spec, request, buffer, n - 1, 1, 1 + k, n - 1, KIND_DRAFT, own)
-                    self._num_specs += 1
-                    if meta is not None:
-                        spec.meta_index = <int32_t>meta.num_planned
-                        meta.plan_sequence(request, n - 1, 1 + k)
-                    self._num_tokens += 1 + k
-                    self._num_gather += 1 + k
-                    self._num_draft_tokens += k
-                    self._num_draft_requests += 1
-                elif request._beam_width == 1:  # the common decode row: beam 0 only
-                    buffer = request._beam0
-                    n = buffer.size
-                    if n == 0:
-                        _checks.no_tokens(_checks.GENERATION, request._request_id, 0)
-                    if n > buffer.capacity:  # the loop-boundary re-check (check_copy)
-                        outside_buffer(request, buffer, n - 1, 1)
-                    if meta is None:
-                        self._add_plain(buffer, request, n - 1, -1, own)
-                    else:
-                        self._add_plain(buffer, request, n - 1, <int32_t>meta.num_planned, own)
-                        meta.plan_sequence(request, n - 1, 1)
-                    self._num_tokens += 1
-                    self._num_gather += 1
-                else:
-                    if meta is not None:
-                        _checks.beams_with_block_size(request._request_id, request._beam_width)
-                    if max_beam_width > 0 and request._beam_width > max_beam_width:
-                        _checks.too_many_beams(request._request_id, request._beam_width, max_beam_width)
-                    n = 0
-                    for beam in range(request._beam_width):
-                        buffer = <Int32Buffer>request._beams[beam]
-                        if buffer.size == 0:
-                            _checks.no_tokens(_checks.GENERATION, request._request_id, beam)
-                        if buffer.size > n:
-                            n = buffer.size
-                    self._grow_plain(self._num_plain + request._beam_width)
-                    for beam in range(request._beam_width):
-                        buffer = <Int32Buffer>request._beams[beam]
-                        check_copy(request, buffer, buffer.size - 1, 1)
-                        self._add_plain(buffer, request, n - 1, -1, own)
-                    self._num_tokens += request._beam_width
-                    self._num_gather += request._beam_width
+                plan_generation_request(self, <object>items[index], index, max_draft_len, max_beam_width, meta, own)
                 index = self._plan_decode_rows(items, index + 1, count, own, meta)
-            # first-draft requests: tokens [s, n), s = max(0, n - M - 1)
-            index = 0
-            for item in first_drafts:
-                if not isinstance(item, Request):
-                    _checks.not_a_request(_checks.FIRST_DRAFT, index, item)
-                request = <Request>item
-                if self._seen(request._request_id):
-                    _checks.duplicate(request._request_id)
-                if request._state_code != 1:
-                    _checks.wrong_state(_checks.FIRST_DRAFT, request._request_id, request._state_code, 1)
-                if request._beam_width != 1:
-                    _checks.needs_single_beam(_checks.FIRST_DRAFT, request._request_id, request._beam_width)
-                buffer = request._beam0
-                n = buffer.size
-                if n == 0:
-                    _checks.no_tokens(_checks.FIRST_DRAFT, request._request_id, 0)
-                start = n - max_draft_len - 1
-                if start < 0:
-                    start = 0
-                spec = self._add()
-                set_spec(spec, request, buffer, start, n - start, n - start, start, KIND_FIRST_DRAFT, own)
-                self._num_specs += 1
-                if meta is not None:
-                    spec.meta_index = <int32_t>meta.num_planned
-                    meta.plan_sequence(request, start, n - start)
-                self._num_tokens += n - start
-                self._num_gather += 1
-                index += 1
+            plan_first_drafts(self, first_drafts, max_draft_len, meta, own)
             self._first_draft_end = self._num_specs
-            # device-token requests: placeholder row at position n
-            index = 0
-            for item in devices:
-                if not isinstance(item, Request):
-                    _checks.not_a_request(_checks.DEVICE_TOKEN, index, item)
-                request = <Request>item
-                if self._seen(request._request_id):
-                    _checks.duplicate(request._request_id)
-                if request._state_code != 1:
-                    _checks.wrong_state(_checks.DEVICE_TOKEN, request._request_id, request._state_code, 1)
-                if request._beam_width != 1:
-                    _checks.needs_single_beam(_checks.DEVICE_TOKEN, request._request_id, request._beam_width)
-                if request._draft_tokens.size:
-                    _checks.device_with_drafts(request._request_id, request._draft_tokens.size)
-                if request._seq_slot == NO_SLOT:
-                    _checks.missing_slot(request._request_id)
-                n = request._beam0.size
-                spec = self._add()
-                set_spec(spec, request, None, 0, 0, 1, n, KIND_DEVICE, own)
-                self._num_specs += 1
-                if meta is not None:
-                    spec.meta_index = <int32_t>meta.num_planned
-                    meta.plan_sequence(request, n, 1)
-                self._num_device += 1
-                self._num_gather += 1
-                index += 1
+            plan_device_rows(self, devices, meta, own)
             # padding up to a CUDA-graph batch size (decode-only batches)
-            num_sequences = self._num_specs + self._num_plain
             self._num_padding = 0
             if batch_sizes is not None and self._num_context == 0 and len(first_drafts) == 0:
-                best = -1
-                for item in batch_sizes:
-                    size = item
-                    if size < 1 or size > INT32_MAX:
-                        _checks.bad_batch_size(size)
-                    if size >= num_sequences and (best < 0 or size < best):
-                        best = size
-                if best < 0:
-                    _checks.no_padding_size(num_sequences, batch_sizes)
-                self._num_padding = best - num_sequences
+                self._num_padding = padding_for(self._num_specs + self._num_plain, batch_sizes)
         except BaseException:
             self._release()
             raise
