@@ -175,6 +175,67 @@ def test_a_step_into_a_holder_is_compiled_end_to_end_on_the_compiled_core(backen
     assert repr(second) == repr(first)
 
 
+@pytest.mark.parametrize("sizes", [{"block_size": 4}, {"block_sizes": (4,)}, {"block_size": np.int64(4)},
+                                   {"block_sizes": [4]}])
+def test_a_step_with_a_block_size_into_a_holder_is_compiled_but_its_metadata_record(backend, sizes):
+    """With a block size and a holder with metadata, a step is compiled end to end too,
+    but for ``PreparedInputs._set_metadata`` (and the Python check of block sizes that are
+    not plain ints in a tuple); its rows and metadata are those worked by hand, the same
+    as the first call's (through the Python function). Block size 4: the context chunk
+    [4, 8) lies in block 1 (id 12), the drafted rows at 8-10 in block 2 (id 23), the plain
+    row at 6 in block 1 (id 32)."""
+    import sys
+    import types
+
+    out = HostBuffers(32, 4, 2, max_blocks_per_seq=4)
+    context, drafted, plain = worked_example(backend)
+    for request, ids in ((context, [11, 12]), (drafted, [21, 22, 23]), (plain, [31, 32])):
+        request.block_tables[0].extend(ids)
+    results = []
+    calls = []
+    for call in range(2):
+        if call:
+            sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_name) if event == "call" else None)
+        try:
+            inputs = prepare_inputs([context], [plain, drafted], max_draft_len=2, out=out, **sizes)
+        finally:
+            sys.setprofile(None)
+        group = inputs.groups[0]
+        results.append((inputs.input_ids.tolist(), inputs.kv_lens.tolist(), group.slot_mapping.tolist(),
+                        group.kv_indptr.tolist(), group.kv_indices.tolist(), group.kv_last_page_len.tolist(),
+                        group.block_table.tolist(), inputs.max_kv_len))
+    expected = ([104, 105, 106, 107, 208, 900, 901, 306], [8, 11, 7], [48, 49, 50, 51, 92, 93, 94, 130],
+                [0, 2, 5, 7], [11, 12, 21, 22, 23, 31, 32], [4, 3, 3],
+                [[11, 12, 0, 0], [21, 22, 23, 0], [31, 32, 0, 0]], 11)
+    assert results == [expected, expected]
+    compiled_entry = not isinstance(prepare_inputs, types.FunctionType)  # the import chose the compiled core
+    if backend.__name__ == "tokcy._core" and compiled_entry:
+        assert "prepare_inputs" not in calls and "prepare_into" not in calls
+        if type(sizes.get("block_size", sizes.get("block_sizes"))) in (int, tuple):
+            assert calls == ["_set_metadata"]
+    else:
+        assert "prepare_inputs" in calls and "prepare_into" in calls
+
+
+def test_a_compiled_step_names_bad_block_sizes_as_the_python_function_does(backend):
+    """Bad block sizes on a holder whose writers are made (the compiled step's case) raise
+    the Python function's errors, and change nothing."""
+    out = HostBuffers(32, 4, 2, max_blocks_per_seq=4)
+    plain = worked_example(backend)[2]
+    plain.block_tables[0].extend([31, 32])
+    prepare_inputs([], [plain], out=out, block_size=4)
+    for kwargs, error, message in (
+            ({"block_size": 0}, ValueError, "block sizes must be >= 1, one per layer group, got (0,)"),
+            ({"block_sizes": ()}, ValueError, "block sizes must be >= 1, one per layer group, got ()"),
+            ({"block_sizes": (4, "a")}, TypeError, "block sizes must be integers, got (4, 'a')"),
+            ({"block_size": 4, "block_sizes": (4,)}, TypeError, "give block_size or block_sizes, not both"),
+            ({"block_size": 4.0}, TypeError, "block sizes must be integers, got (4.0,)")):
+        with pytest.raises(error) as raised:
+            prepare_inputs([], [plain], out=out, **kwargs)
+        assert str(raised.value) == message
+    assert out.metadata.slot_mapping[0][0] == 130 and out.input_ids[0] == 306
+
+
 def test_a_holders_arrays_by_name_are_its_whole_arrays(backend):
     """``HostBuffers.<name>`` is the full-capacity array (``arrays`` in ``ARRAY_FIELDS``
     order), read-only as an attribute; any other name is an AttributeError."""
