@@ -217,6 +217,26 @@ def test_a_step_with_a_block_size_into_a_holder_is_compiled_but_its_metadata_rec
         assert "prepare_inputs" in calls and "prepare_into" in calls
 
 
+def test_block_sizes_from_a_generator_are_read_once_on_every_path(backend):
+    """Block sizes given as a one-pass iterable: on a holder whose metadata was bound
+    before its first call (so the metadata writer is cached, the holder's writer not),
+    on a holder sharing another's metadata, and on a warmed holder, each call reads them
+    once and writes the plain row's slot (block 1 of [31, 32], offset 2: 130)."""
+    def plain_request():
+        request = worked_example(backend)[2]
+        request.block_tables[0].extend([31, 32])
+        return request
+
+    bound_first = HostBuffers(32, 4, 2, max_blocks_per_seq=4)
+    bound_first.metadata.bound()  # public: the metadata writer cached, the holder's writer not yet made
+    sharing = HostBuffers.from_arrays(metadata=bound_first.metadata,
+                                      **{name: np.empty_like(array) for name, array in
+                                         zip(ARRAY_FIELDS, bound_first.arrays, strict=True)})
+    for out in (bound_first, sharing, bound_first):
+        inputs = prepare_inputs([], [plain_request()], out=out, block_sizes=(size for size in [4]))
+        assert inputs.groups[0].slot_mapping.tolist() == [130] and inputs.input_ids.tolist() == [306]
+
+
 def test_a_compiled_step_names_bad_block_sizes_as_the_python_function_does(backend):
     """Bad block sizes on a holder whose writers are made (the compiled step's case) raise
     the Python function's errors, and change nothing."""

@@ -204,10 +204,18 @@ def test_an_error_inside_a_run_is_the_other_backends_and_consumes_nothing(backen
         short = decoding(module, 7, 13, [80] if num_groups == 1 else [80, 81, 82, 83], slot=7,
                          more_groups=more([180]))
         context = module.Request(8, [1, 2, 3], num_layer_groups=num_groups)  # a context request among them
+        # the last group's block of position 8 (block 2 of group 0, block 1 of group 1) released
+        released = decoding(module, 9, 9, [90, 91, 92], slot=6, more_groups=more([190, 191]))
+        released.block_tables[-1].release_front(3 if num_groups == 1 else 2)
+        # the last group's table longer than max_blocks_per_seq (8)
+        too_long = decoding(module, 10, 5, list(range(100, 100 + (9 if num_groups == 1 else 2))), slot=6,
+                            more_groups=more(list(range(200, 209))))
         errors = []
         for batch in ([requests[0], requests[1], short, context],  # the first error in order: the blocks
                       [requests[0], context, short],  # the state, before the blocks of a later request
-                      requests[:4] + [bad_slot]):
+                      requests[:4] + [bad_slot],
+                      requests[:2] + [released],
+                      requests[:2] + [too_long]):
             with pytest.raises((ValueError, TypeError)) as error:
                 preparer.prepare([], batch)
             errors.append((type(error.value), str(error.value)))
@@ -218,10 +226,33 @@ def test_an_error_inside_a_run_is_the_other_backends_and_consumes_nothing(backen
     missing = ("request 7 group 0: position 12 needs block 3, but its block table holds only 1 blocks"
                if num_groups == 1 else "request 7 group 1: position 12 needs block 1, but its block table holds only "
                "1 blocks")
+    last = num_groups - 1
     assert errors == [
         (ValueError, missing),
         (ValueError, "request 8 in generation_requests must be in state GENERATION_IN_PROGRESS, but it is CONTEXT_INIT"),
         (ValueError, "seq_slot 3 is used by both request 3 and request 6"),
+        (ValueError, f"request 9 group {last}: position 8 is in block {2 if num_groups == 1 else 1}, which the "
+                     f"sliding window released"),
+        (ValueError, f"request 10 group {last}: its block table holds 9 blocks, above max_blocks_per_seq 8"),
     ]
     # the change reached the row after the failures
     assert row == ([11, 12, 99] if num_groups == 1 else [101, 99]) + [0] * (8 - (3 if num_groups == 1 else 2))
+
+
+@pytest.mark.parametrize("num_groups", [1, 2, 3])
+def test_planned_blocks_give_the_longest_table_of_any_group(backend, num_groups):
+    """``InputWriter.plan`` with block sizes, then ``planned_blocks()``: the longest block
+    table of every group (here the last group's 7 blocks) and the live blocks each group's
+    kv_indices needs. Two decode rows at position 8, block size 4 (block 2 holds the row):
+    3 live blocks per group, but request 1's group 0, which released one."""
+    from tokcy.executor import HostBuffers
+
+    out = HostBuffers(8, 4, max_blocks_per_seq=16, num_layer_groups=num_groups)
+    writer = out.writer(backend)
+    longest = [list(range(70, 77))]  # the last group's table of request 0
+    first = decoding(backend, 0, 9, [1, 2, 3] if num_groups > 1 else longest[0], slot=0,
+                     more_groups=[[11, 12, 13]] * (num_groups - 2) + longest if num_groups > 1 else ())
+    second = decoding(backend, 1, 9, [4, 5, 6], slot=1, released=1, more_groups=[[14, 15, 16]] * (num_groups - 1))
+    writer.plan([], [first, second], [], [], 0, None, 0, (4,) * num_groups)
+    assert writer.planned_blocks() == (7, (5, 6, 6)[:num_groups])
+    writer.write()

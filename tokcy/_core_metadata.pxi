@@ -9,7 +9,8 @@
 # GroupSpec per sequence and group, holding the table's storage and buffer when the
 # writer's pass 2 may follow Python code or release the GIL (owns_refs; take_refs()).
 # plan_decode_run() is the same plan for runs of the common decode sequence (one row, an
-# exact BlockTable per layer group), group 0's totals in locals; where a run stops,
+# exact BlockTable per layer group), group 0's totals in locals (group 1's too, with two
+# groups); where a run stops,
 # plan_sequence() plans that sequence (or raises its error).
 # Device table: each planned sequence compares its table's device-table stamp with the
 # stamp its row got at the last step and takes the range that changed (plan_row_delta);
@@ -369,7 +370,7 @@ cdef class AttentionMetadata:
         is the common decode sequence (as many layer groups as the call, each an exact
         BlockTable whose blocks cover the row, a free device-table slot); returns the index
         of the first that is not, for which nothing is recorded. Group 0's running totals stay
-        in locals; the requests and their tables are borrowed (the writer holds the batch, each
+        in locals (with two groups, group 1's too); the requests and their tables are borrowed (the writer holds the batch, each
         request its tables tuple, and nothing here runs Python code). Group 0 is planned
         inline (its ids are the request's _blocks0), and so is group 1 of a two-group call
         (_blocks1); more groups are planned by plan_decode_groups()."""
@@ -404,7 +405,7 @@ cdef class AttentionMetadata:
             released = (<Int32Buffer>buffer).num_released
             pos = (<Request>request)._beam0.size - 1
             block = block_of(pos, block_size, shift)
-            if size > width or block >= size or block < released or total_kv + pos + 1 > INT32_MAX:
+            if not covers_row(size, released, block, width) or total_kv + pos + 1 > INT32_MAX:
                 break
             if device:
                 slot = (<Request>request)._seq_slot
@@ -418,7 +419,7 @@ cdef class AttentionMetadata:
                 size1 = (<Int32Buffer>buffer1).size
                 released1 = (<Int32Buffer>buffer1).num_released
                 block1 = block_of(pos, block_size1, shift1)
-                if size1 > width or block1 >= size1 or block1 < released1:
+                if not covers_row(size1, released1, block1, width):
                     break
                 set_group_spec(spec + 1, buffer1, size1, released1)  # nothing fails after this
                 if device:  # group 0's delta first (as plan_sequence() orders them)
@@ -479,7 +480,7 @@ cdef class AttentionMetadata:
             size = (<Int32Buffer>buffer).size
             released = (<Int32Buffer>buffer).num_released
             block = block_of(pos, self.block_size[group], self.block_shift[group])
-            if size > self.width or block >= size or block < released:
+            if not covers_row(size, released, block, self.width):
                 return -1
             set_group_spec(&specs[group], buffer, size, released)
         if self.has_device_table:  # every group covers the row: counted (its own totals stay with the run)

@@ -46,6 +46,14 @@ cdef struct GroupSpec:
     Py_ssize_t zero_end
 
 
+cdef inline bint covers_row(Py_ssize_t num_blocks, Py_ssize_t num_released, Py_ssize_t block,
+                            Py_ssize_t width) noexcept nogil:
+    """Whether a table of ``num_blocks`` ids (``num_released`` released) holds a decode row
+    in ``block`` and fits ``width`` blocks: what the decode runs check of each group
+    before they record it (plan_sequence() checks the same, and names what fails)."""
+    return num_blocks <= width and num_released <= block < num_blocks
+
+
 cdef inline void set_group_spec(GroupSpec* spec, PyObject* buffer, Py_ssize_t num_blocks,
                                 Py_ssize_t num_released) noexcept:
     """What pass 2 reads of one table (its Int32Buffer ``buffer``, borrowed): its ids now."""

@@ -186,11 +186,11 @@ cdef inline int32_t write_group_row(GroupRows out, const GroupSpec* spec, Py_ssi
 cdef void write_plain_metadata(const PlainRow* rows, Py_ssize_t count, AttentionMetadata meta, Py_ssize_t row0,
                                Py_ssize_t seq0) noexcept nogil:
     """write_sequence(meta, row.meta_index, row.pos0, 1, row0 + i, seq0 + i) for each plain
-    row: the same entries, in one loop for the per-sequence ones and group 0, then one per
-    other layer group, each keeping its running sums in registers. plain_rows_metadata()
-    is inlined three times, each loop knowing what it writes: one group without host
-    tables (the usual decode step), several, and host tables (bind() gives every group
-    host tables, or none)."""
+    row: the same entries, in one loop for the per-sequence ones and group 0 (and group 1
+    when there are exactly two), then one per other layer group, each keeping its running
+    sums in registers. plain_rows_metadata() is inlined four times, each loop knowing what
+    it writes: one group without host tables (the usual decode step), two, more, and host
+    tables (bind() gives every group host tables, or none)."""
     if meta.block_table[0] == NULL:
         if meta.num_groups == 1:
             plain_rows_metadata(rows, count, meta, row0, seq0, False, 1)
@@ -233,6 +233,7 @@ cdef inline void plain_rows_metadata(const PlainRow* rows, Py_ssize_t count, Att
                                         index, row_start, table_row, live_sum1, host_tables)
         row_start += width
     debug_assert(not host_tables or live_sum <= meta.cap_indices[0])
+    debug_assert(num_groups != 2 or not host_tables or live_sum1 <= meta.cap_indices[1])
     meta.max_kv_len = max_kv_len
     if count and meta.max_query_len < 1:
         meta.max_query_len = 1

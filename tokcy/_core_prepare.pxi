@@ -25,9 +25,9 @@ from tokcy import _prepare_checks as _checks
 
 # pass 2 releases the GIL when it writes at least this many entries (token rows plus
 # metadata entries: 1 MiB of int32, tens of us). Releasing it first takes a reference to
-# every storage the plan reads (two per sequence and layer group): for 256 decode rows
-# with their host tables (66 Ki entries) that alone cost 2 us, 15% of the call, and a
-# shorter write holds the GIL for no longer than that
+# every storage the plan reads (one or two per sequence, and two per sequence and layer
+# group with metadata): for 256 decode rows with their host tables (66 Ki entries) that
+# alone cost 2 us, 15% of the call, and a shorter write holds the GIL for no longer
 cdef Py_ssize_t NOGIL_MIN_WRITES = 1 << 18
 
 
@@ -250,8 +250,8 @@ cdef class InputWriter:
                                       AttentionMetadata meta) except -1:
         """Plan the plain decode rows (an exact Request in generation, one beam with tokens,
         no drafts, a new id) of ``items`` from ``index`` on; return the index of the first
-        request that is anything else, which the general loop then plans or refuses with
-        its error. The requests are read through borrowed pointers (the plan holds the
+        request that is anything else, which plan_generation_request() then plans or
+        refuses with its error. The requests are read through borrowed pointers (the plan holds the
         batch, and no Python code runs), and nothing is inserted for the one it stops at.
         With ``meta``, the rows' attention metadata is planned next, in order (its errors
         raise: every row is counted first, so that _release() drops what they hold)."""

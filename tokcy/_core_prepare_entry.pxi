@@ -51,17 +51,19 @@ def prepare_inputs(context_requests=MISSING, generation_requests=MISSING, *more_
             and BACKEND_CHOICE.module is THIS_MODULE):
         found = out._writers.get(THIS_MODULE)  # HostBuffers.writer()'s cache, without its call
         sizes = metadata = meta = None
-        with_metadata = block_size is not None or block_sizes is not None
-        if with_metadata:
-            # the metadata writer from MetadataBuffers.bound()'s cache, which HostBuffers.writer() filled
-            # (none: the Python function binds it, or raises that out has no metadata)
+        if type(found) is InputWriter and (block_size is not None or block_sizes is not None):
+            # the metadata writer from MetadataBuffers.bound()'s cache, which HostBuffers.writer()
+            # filled (none: out has no metadata, and the Python function says so); looked up
+            # before the block sizes are converted, so that a call handed on gets them unread
             metadata = out.metadata
             meta = None if metadata is None else metadata._writers.get(THIS_MODULE)
             if type(meta) is AttentionMetadata:
                 sizes = plain_block_sizes(block_size, block_sizes)
                 if sizes is None:  # anything else: the Python check's tuple, or its error
                     sizes = BLOCK_SIZES_ARG(block_size, block_sizes)
-        if type(found) is InputWriter and (not with_metadata or sizes is not None):
+            else:
+                found = None
+        if type(found) is InputWriter:
             writer = <InputWriter>found
             max_beam_width = out.max_beam_width
             counts = writer._prepare(context_requests, generation_requests, first_draft_requests,

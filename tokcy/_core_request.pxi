@@ -49,7 +49,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     cdef Py_ssize_t _beam_width
     cdef Py_ssize_t _prompt_len
     cdef int64_t _seq_slot           # NO_SLOT for None
-    cdef Int32Buffer _blocks1        # as _blocks0, of _block_tables[1] (None without one)
+    cdef Int32Buffer _blocks1        # as _blocks0, of _block_tables[1] (None without one, or not exact)
     cdef Py_ssize_t _chunk_size
     cdef tuple _block_tables         # set only by set_block_tables (with _num_groups, _blocks0, _blocks1)
     cdef Py_ssize_t _context_position

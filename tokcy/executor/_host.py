@@ -355,6 +355,7 @@ def written_inputs(out, counts, results, sizes_per_group):
 
 
 # the backend chosen at import gives the function users call: the compiled one runs the
-# common step (a HostBuffers, no block sizes) in C and hands every other call, and every
-# call while another backend is live, to the function above; the twin gives that function
+# common step (a HostBuffers, with or without block sizes) in C and hands every other
+# call, and every call while another backend is live, to the function above; the twin
+# gives that function
 prepare_inputs = _backend.module.prepare_inputs_entry(prepare_inputs, HostBuffers, PreparedInputs, _backend)
