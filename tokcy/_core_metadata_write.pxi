@@ -186,16 +186,15 @@ cdef inline int32_t write_group_row(GroupRows out, const GroupSpec* spec, Py_ssi
 cdef void write_plain_metadata(const PlainRow* rows, Py_ssize_t count, AttentionMetadata meta, Py_ssize_t row0,
                                Py_ssize_t seq0) noexcept nogil:
     """write_sequence(meta, row.meta_index, row.pos0, 1, row0 + i, seq0 + i) for each plain
-    row: the same entries, in one loop for the per-sequence ones and group 0 (and group 1
-    when there are exactly two), then one per other layer group, each keeping its running
-    sums in registers. plain_rows_metadata() is inlined four times, each loop knowing what
-    it writes: one group without host tables (the usual decode step), two, more, and host
-    tables (bind() gives every group host tables, or none)."""
+    row: the same entries, in one loop for the per-sequence ones and groups 0 and 1, then one
+    per other layer group, each keeping its running sums in registers. plain_rows_metadata()
+    is inlined three times, each loop knowing what it writes: one group without host
+    tables (the usual decode step), several, and host tables (bind() gives every group
+    host tables, or none). (A fourth copy, for exactly two groups, made the compiler call
+    it out of line, and the one-group loop lost its constants.)"""
     if meta.block_table[0] == NULL:
         if meta.num_groups == 1:
             plain_rows_metadata(rows, count, meta, row0, seq0, False, 1)
-        elif meta.num_groups == 2:
-            plain_rows_metadata(rows, count, meta, row0, seq0, False, 2)
         else:
             plain_rows_metadata(rows, count, meta, row0, seq0, False, meta.num_groups)
     else:
@@ -213,7 +212,7 @@ cdef inline void plain_rows_metadata(const PlainRow* rows, Py_ssize_t count, Att
     cdef int64_t table_row = 0  # its slot's row in the flat device table
     cdef GroupRows out = group_rows(meta, 0, row0, seq0)
     cdef int32_t live_sum = out.indptr[0]
-    cdef GroupRows out1 = group_rows(meta, 1 if num_groups == 2 else 0, row0, seq0)  # (read with two groups)
+    cdef GroupRows out1 = group_rows(meta, 1 if num_groups >= 2 else 0, row0, seq0)  # (read with two or more)
     cdef int32_t live_sum1 = out1.indptr[0]
     debug_assert(row0 + count <= meta.cap_tokens and seq0 + count <= meta.cap_seqs)
     for index in range(count):
@@ -228,16 +227,16 @@ cdef inline void plain_rows_metadata(const PlainRow* rows, Py_ssize_t count, Att
             table_row = table_slots[index] * width
         live_sum = write_group_row(out, &meta.groups[rows[index].meta_index * num_groups], rows[index].pos0,
                                    index, row_start, table_row, live_sum, host_tables)
-        if num_groups == 2:  # group 1 in the same loop: the row's reads are at hand
-            live_sum1 = write_group_row(out1, &meta.groups[rows[index].meta_index * 2 + 1], rows[index].pos0,
+        if num_groups >= 2:  # group 1 in the same loop: the row's reads are at hand
+            live_sum1 = write_group_row(out1, &meta.groups[rows[index].meta_index * num_groups + 1], rows[index].pos0,
                                         index, row_start, table_row, live_sum1, host_tables)
         row_start += width
     debug_assert(not host_tables or live_sum <= meta.cap_indices[0])
-    debug_assert(num_groups != 2 or not host_tables or live_sum1 <= meta.cap_indices[1])
+    debug_assert(num_groups < 2 or not host_tables or live_sum1 <= meta.cap_indices[1])
     meta.max_kv_len = max_kv_len
     if count and meta.max_query_len < 1:
         meta.max_query_len = 1
-    for group in range(2 if num_groups == 2 else 1, num_groups):
+    for group in range(2, num_groups):
         out = group_rows(meta, group, row0, seq0)
         live_sum = out.indptr[0]
         row_start = seq0 * width
