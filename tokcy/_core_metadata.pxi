@@ -10,8 +10,7 @@
 # writer's pass 2 may follow Python code or release the GIL (owns_refs; take_refs()).
 # plan_decode_run() is the same plan for runs of the common decode sequence (one row, an
 # exact BlockTable per layer group), group 0's totals in locals (group 1's too, with two
-# groups); where a run stops,
-# plan_sequence() plans that sequence (or raises its error).
+# groups); where a run stops, plan_sequence() plans that sequence (or raises its error).
 # Device table: each planned sequence compares its table's device-table stamp with the
 # stamp its row got at the last step and takes the range that changed (plan_row_delta);
 # commit_deltas() (with the GIL, just before pass 2, once nothing can fail) consumes the
@@ -370,10 +369,11 @@ cdef class AttentionMetadata:
         is the common decode sequence (as many layer groups as the call, each an exact
         BlockTable whose blocks cover the row, a free device-table slot); returns the index
         of the first that is not, for which nothing is recorded. Group 0's running totals stay
-        in locals (with two groups, group 1's too); the requests and their tables are borrowed (the writer holds the batch, each
-        request its tables tuple, and nothing here runs Python code). Group 0 is planned
-        inline (its ids are the request's _blocks0), and so is group 1 of a two-group call
-        (_blocks1); more groups are planned by plan_decode_groups()."""
+        in locals (with two groups, group 1's too); the requests and their tables are
+        borrowed (the writer holds the batch, each request its tables tuple, and nothing here
+        runs Python code). Group 0 is planned inline (its ids are the request's _blocks0), and
+        so is group 1 of a two-group call (_blocks1); more groups are planned by
+        plan_decode_groups()."""
         cdef PyObject* request
         cdef PyObject* buffer
         cdef PyObject* buffer1

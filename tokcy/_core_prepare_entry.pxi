@@ -103,6 +103,7 @@ def prepare_inputs(context_requests=MISSING, generation_requests=MISSING, *more_
         options["generation_requests"] = generation_requests
     return PYTHON_PREPARE_INPUTS(**options)
 
+
 cdef tuple plain_block_sizes(object block_size, object block_sizes):
     """The block sizes of a call that gives one ``int`` >= 1 as ``block_size`` or a tuple of
     them as ``block_sizes`` (what block_sizes_arg() returns for them, without its checks'

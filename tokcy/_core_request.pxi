@@ -27,12 +27,12 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     # everything the connector's row reads of a one-group request, the type included, lies
     # in bytes 8 to 63 (more groups add the tables tuple); the executor's decode row adds
     # _beam_width and _prompt_len on the next line, its device rows _seq_slot, and a
-    # two-group decode row _blocks1 (the second table's ids, with no tuple or table to read). The
-    # class has no C methods (so no vtable pointer at byte 16: the helpers below the class
-    # are functions), and with the pad the object is 176 bytes, 192 with the collector's
-    # header: CPython's small-object allocator then starts every Request on a 64-byte line
-    # (as Int32Buffer's note says), so the connector reads one line per request where it
-    # read two. Only speed depends on this.
+    # two-group decode row _blocks1 (the second table's ids, with no tuple or table to
+    # read). The class has no C methods (so no vtable pointer at byte 16: the helpers below
+    # the class are functions), and with the pad the object is 176 bytes, 192 with the
+    # collector's header: CPython's small-object allocator then starts every Request on a
+    # 64-byte line (as Int32Buffer's note says), so the connector reads one line per request
+    # where it read two. Only speed depends on this.
     cdef int64_t _request_id
     cdef Int32Buffer _beam0          # _beams[0], for the hot loops
     # the block ids of _block_tables[0] (its buffer, which a BlockTable never replaces)
