@@ -145,27 +145,41 @@ def test_fields_are_read_only_and_an_array_view_is_made_once_when_read(backend):
         inputs.not_a_field  # noqa: B018
 
 
+def python_calls(call):
+    """``call()``'s result and the names of the Python functions it ran (a profile hook;
+    ``call`` itself not counted)."""
+    import sys
+
+    calls = []
+    own = call.__code__
+    sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_name)
+                   if event == "call" and frame.f_code is not own else None)
+    try:
+        result = call()
+    finally:
+        sys.setprofile(None)
+    return result, calls
+
+
+def compiled_entry_live(backend):
+    """Whether ``prepare_inputs`` is the compiled function, and the compiled core is live."""
+    import types
+
+    return backend.__name__ == "tokcy._core" and not isinstance(prepare_inputs, types.FunctionType)
+
+
 def test_a_step_into_a_holder_is_compiled_end_to_end_on_the_compiled_core(backend):
     """Once a holder has its writer (made by its first call), a step with no block size is
     compiled end to end when the compiled core is live and was chosen at import: no Python
     function runs (counted with a profile hook), and it gives what the first call, through
     the Python function, gave. Otherwise the Python function runs."""
-    import sys
-    import types
-
     out = HostBuffers(32, 4, 2)
     context, drafted, plain = worked_example(backend)
     first = prepare_inputs([context], [plain, drafted], max_draft_len=2, out=out)
     expected = {name: (value.tolist() if isinstance(value, np.ndarray) else value)
                 for name, value in first.asdict().items()}
-    calls = []
-    sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_name) if event == "call" else None)
-    try:
-        second = prepare_inputs([context], [plain, drafted], max_draft_len=2, out=out)
-    finally:
-        sys.setprofile(None)
-    compiled_entry = not isinstance(prepare_inputs, types.FunctionType)  # the import chose the compiled core
-    if backend.__name__ == "tokcy._core" and compiled_entry:
+    second, calls = python_calls(lambda: prepare_inputs([context], [plain, drafted], max_draft_len=2, out=out))
+    if compiled_entry_live(backend):
         assert calls == []
     else:
         assert "prepare_inputs" in calls and "prepare_into" in calls
@@ -184,22 +198,14 @@ def test_a_step_with_a_block_size_into_a_holder_is_compiled_but_its_metadata_rec
     as the first call's (through the Python function). Block size 4: the context chunk
     [4, 8) lies in block 1 (id 12), the drafted rows at 8-10 in block 2 (id 23), the plain
     row at 6 in block 1 (id 32)."""
-    import sys
-    import types
-
     out = HostBuffers(32, 4, 2, max_blocks_per_seq=4)
     context, drafted, plain = worked_example(backend)
     for request, ids in ((context, [11, 12]), (drafted, [21, 22, 23]), (plain, [31, 32])):
         request.block_tables[0].extend(ids)
     results = []
-    calls = []
-    for call in range(2):
-        if call:
-            sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_name) if event == "call" else None)
-        try:
-            inputs = prepare_inputs([context], [plain, drafted], max_draft_len=2, out=out, **sizes)
-        finally:
-            sys.setprofile(None)
+    for _ in range(2):  # the first through the Python function, which makes the holder's writers
+        inputs, calls = python_calls(lambda: prepare_inputs([context], [plain, drafted], max_draft_len=2, out=out,
+                                                            **sizes))
         group = inputs.groups[0]
         results.append((inputs.input_ids.tolist(), inputs.kv_lens.tolist(), group.slot_mapping.tolist(),
                         group.kv_indptr.tolist(), group.kv_indices.tolist(), group.kv_last_page_len.tolist(),
@@ -208,8 +214,7 @@ def test_a_step_with_a_block_size_into_a_holder_is_compiled_but_its_metadata_rec
                 [0, 2, 5, 7], [11, 12, 21, 22, 23, 31, 32], [4, 3, 3],
                 [[11, 12, 0, 0], [21, 22, 23, 0], [31, 32, 0, 0]], 11)
     assert results == [expected, expected]
-    compiled_entry = not isinstance(prepare_inputs, types.FunctionType)  # the import chose the compiled core
-    if backend.__name__ == "tokcy._core" and compiled_entry:
+    if compiled_entry_live(backend):  # (calls: the second call's)
         assert "prepare_inputs" not in calls and "prepare_into" not in calls
         if type(sizes.get("block_size", sizes.get("block_sizes"))) in (int, tuple):
             assert calls == ["_set_metadata"]
