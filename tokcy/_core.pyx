@@ -22,6 +22,12 @@ cdef extern from "assert.h" nogil:
 cdef int64_t INT32_MIN = -2147483648
 cdef int64_t INT32_MAX = 2147483647
 
+# Both loops' pass 2 releases the GIL only when it writes at least this many int32 entries
+# (1 MiB): releasing first takes a reference to every storage the plan reads (one or more
+# per sequence), and taking the GIL back waits up to sys.getswitchinterval() (5 ms) while
+# another thread runs Python code. A shorter copy holds it no longer than that wait.
+cdef Py_ssize_t NOGIL_MIN_ENTRIES = 1 << 18
+
 include "_core_buffer.pxi"
 include "_core_block_table.pxi"
 include "_core_request.pxi"

@@ -23,13 +23,6 @@ from libc.string cimport memset
 
 from tokcy import _prepare_checks as _checks
 
-# pass 2 releases the GIL when it writes at least this many entries (token rows plus
-# metadata entries: 1 MiB of int32, tens of us). Releasing it first takes a reference to
-# every storage the plan reads (one or two per sequence, and two per sequence and layer
-# group with metadata): for 256 decode rows with their host tables (66 Ki entries) that
-# alone cost 2 us, 15% of the call, and a shorter write holds the GIL for no longer
-cdef Py_ssize_t NOGIL_MIN_WRITES = 1 << 18
-
 
 @cython.final
 cdef class InputWriter:
@@ -415,7 +408,7 @@ cdef class InputWriter:
                 if self._meta.has_device_table:
                     self._meta.commit_deltas(self._num_tokens)  # consumes the tables' marks: nothing fails after it
             work = self._num_tokens + (0 if self._meta is None else self._meta.write_work(padded))
-            if work >= NOGIL_MIN_WRITES:
+            if work >= NOGIL_MIN_ENTRIES:
                 self._take_refs()
                 with nogil:
                     self._fill()

@@ -105,8 +105,6 @@ cdef Py_ssize_t NO_ENTRY = -1
 # ReportSlot.num_groups before the first report: a request reported with no layer groups
 # (a blank Request) is not "never reported", and its next report must have none either
 cdef Py_ssize_t NEVER_REPORTED = -1
-# pass 2 releases the GIL when it copies at least this many int32 entries (256 KiB)
-cdef Py_ssize_t NOGIL_MIN_ENTRIES = 1 << 16
 
 
 cdef inline void* line_aligned(void* block) noexcept nogil:

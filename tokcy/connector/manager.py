@@ -39,7 +39,7 @@ class SchedulerOutputManager:
         whole batch is checked first, so a failed call changes neither the manager nor any
         request. RuntimeError if a report of this manager is being built in another thread.
 
-        Threads: a large report (64 Ki tokens and blocks or more) copies with the GIL
+        Threads: a large report (256 Ki tokens and blocks or more) copies with the GIL
         released, a small one keeps it (releasing would cost more than the copy); every
         buffer the copy reads is owned for the call, so another thread mutating or dropping a scheduled request cannot
         corrupt memory, but what it changes during the call is its own race (the report
