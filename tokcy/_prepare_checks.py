@@ -7,7 +7,7 @@ exception with the same message whichever backend is live. Each function raises.
 import numpy as np
 
 from tokcy._state import RequestState
-from tokcy._tokens import INT32_MAX, as_index, as_integer
+from tokcy._tokens import INT32_MAX, as_integer, shown_repr
 
 MAX_METADATA_GROUPS = 16  # layer groups one AttentionMetadata writes (the compiled core sizes its arrays by it)
 
@@ -78,7 +78,7 @@ def no_tokens(group, request_id, beam):
 def owned_batch_sizes(sizes):
     """``cuda_graph_batch_sizes`` copied into a tuple of ints before anything is planned,
     so no caller code (``__iter__``, ``__index__``) runs between the checks and the copy."""
-    return None if sizes is None else tuple([as_index(size) for size in tuple(sizes)])
+    return None if sizes is None else tuple([as_integer(size, "cuda_graph_batch_sizes entry") for size in tuple(sizes)])
 
 
 def bad_batch_size(value):
@@ -130,7 +130,8 @@ MAX_BLOCK_SIZE = 2**31 - 1
 
 def bad_block_sizes(value):
     raise ValueError(
-        f"block_sizes must be a tuple of integers in [1, {MAX_BLOCK_SIZE}], one per layer group, got {value!r}"
+        f"block_sizes must be a tuple of integers in [1, {MAX_BLOCK_SIZE}], one per layer group, "
+        f"got {shown_repr(value)}"
     )
 
 

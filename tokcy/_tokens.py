@@ -27,10 +27,32 @@ def as_index(value, name=None):
 
 def as_integer(value, name):
     """``as_index`` for an argument both backends convert through this module (never a
-    compiled typed argument): a value that is no integer raises a TypeError naming it."""
+    compiled typed argument): a value that is no integer raises a TypeError, one beyond
+    int64 an OverflowError, each naming it."""
     if not hasattr(type(value), "__index__"):  # (an error raised by a value's own __index__ passes through)
         raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
-    return as_index(value)
+    number = operator.index(value)
+    if not SSIZE_MIN <= number <= SSIZE_MAX:
+        raise OverflowError(f"{name} {shown(number)} does not fit in int64")
+    return number
+
+
+def shown(number):
+    """``number`` as a message shows it: digits, unless it has too many to print (Python
+    refuses to convert an int of over 4,300 digits to text)."""
+    if number.bit_length() <= 256:
+        return str(number)
+    return f"({'a negative' if number < 0 else 'an'} integer of {number.bit_length():,} bits)"
+
+
+def shown_repr(value, limit=200):
+    """``repr(value)`` for a message, cut to ``limit`` characters; one Python refuses to make
+    (an int too long to print, inside a tuple) is described instead."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"a {type(value).__name__} holding an integer too long to print"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def as_clamped_index(value):
@@ -48,7 +70,7 @@ def check_token(value, name):
     except TypeError:
         raise TypeError(f"{name} must be an integer token id, not {type(value).__name__}") from None
     if not INT32_MIN <= number <= INT32_MAX:
-        raise OverflowError(f"{name}: token id {number} does not fit in int32")
+        raise OverflowError(f"{name}: token id {shown(number)} does not fit in int32")
     return number
 
 
