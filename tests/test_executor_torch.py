@@ -223,3 +223,20 @@ def test_cuda_stress_ring_is_fenced(backend):
 def test_cuda_stress_without_fence_goes_wrong(backend):
     """The same stress with the event fence switched off reads refilled staging memory."""
     assert not _stress(backend, fence=False)
+
+
+def test_what_a_preparer_is_made_with_is_read_only(backend):
+    """Its staging buffers, writers and device tensors are laid out for its sizes when it is
+    made: each refuses a new value, naming it, and keeps its own."""
+    preparer = InputPreparer(16, 4, block_size=16, max_blocks_per_seq=4)
+    fields = ("max_num_tokens", "max_batch_size", "max_draft_len", "max_beam_width", "device", "is_cuda", "tensors",
+              "block_sizes", "max_blocks_per_seq", "max_slots", "device_table", "device_tables")
+    before = {name: getattr(preparer, name) for name in fields}
+    assert (before["max_num_tokens"], before["max_batch_size"], before["block_sizes"], before["max_slots"]) == (
+        16, 4, (16,), 4)
+    for name in fields:
+        with pytest.raises(AttributeError, match=f"InputPreparer.{name} is read-only"):
+            setattr(preparer, name, before[name])
+        assert getattr(preparer, name) is before[name]
+    plain = InputPreparer(16, 4)  # no block size: no table, no width, no slots
+    assert (plain.block_sizes, plain.max_blocks_per_seq, plain.max_slots, plain.device_table) == (None,) * 4

@@ -435,3 +435,110 @@ def test_rebinding_metadata_releases_the_old_arrays_only_once_the_new_ones_are_b
            (np.zeros(8, np.int32),))
     metadata.bind(4, *new)
     assert seen == [[3, 3, 3, 3]]
+
+
+def two_group_request(backend, length):
+    """Request 1 decoding at position ``length - 1``, tables [100, 101, 102, 103] in both groups."""
+    request = backend.Request(1, list(range(length)), num_layer_groups=2)
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    for table in request.block_tables:
+        table.extend([100, 101, 102, 103])
+    return request
+
+
+def test_a_refused_block_size_changes_no_size_another_writers_plan_will_write_with(backend):
+    """Two holders share metadata outputs. The first writer plans (block 16: position 60 is
+    in block 3, id 103, slot 103 * 16 + 12 = 1660); the second call is refused for its
+    second block size; the first writer's write still uses 16 (a refused tuple used to
+    leave its first size behind: the write then read block 60 of a 4-block table)."""
+    metadata = MetadataBuffers(64, 8, 4, num_layer_groups=2)
+    first, second = holder(metadata), holder(metadata)
+    request = two_group_request(backend, 61)
+    writer = first.writer()
+    writer.plan([], [request], [], [], 0, None, 0, (16, 16))
+    with pytest.raises(ValueError, match=r"block_sizes must be a tuple of integers .* got \(1, 2147483648\)"):
+        prepare_inputs([], [request], out=second, block_sizes=(1, 2**31))
+    writer.write()
+    assert [group[:1].tolist() for group in metadata.slot_mapping] == [[1660], [1660]]
+    assert [group[:1].tolist() for group in metadata.kv_last_page_len] == [[13], [13]]
+    assert [group[0].tolist() for group in metadata.block_table] == [[100, 101, 102, 103]] * 2
+
+
+def test_a_refused_block_size_leaves_the_sizes_of_the_tuple_used_before(backend):
+    """The same tuple object before and after a refused call: the same metadata (block 16:
+    position 39 in block 2, id 102, slot 102 * 16 + 7 = 1639)."""
+    sizes = (16, 16)
+    request = two_group_request(backend, 40)
+    out = HostBuffers(64, 8, max_blocks_per_seq=8, num_layer_groups=2)
+    for _ in range(2):  # the first call makes the writers; the second hands the compiled one this tuple
+        prepare_inputs([], [request], out=out, block_sizes=sizes)
+    with pytest.raises(ValueError, match="one per layer group"):
+        prepare_inputs([], [request], out=out, block_sizes=(8, 2**31))
+    after = prepare_inputs([], [request], out=out, block_sizes=sizes)
+    assert [group.slot_mapping.tolist() for group in after.groups] == [[1639], [1639]]
+    assert after.kv_indices.tolist() == [100, 101, 102] and after.kv_last_page_len.tolist() == [8]
+
+
+class Converts:
+    """A CUDA-graph batch size of 4 whose conversion runs ``action``."""
+
+    def __init__(self, action):
+        self.action = action
+
+    def __index__(self):
+        self.action()
+        return 4
+
+
+@pytest.mark.parametrize("given, change, request_ids, input_ids", [
+    (1, lambda batch, requests: batch.extend(requests[1:]), [0, 1, 2, -1], [3, 4, 5, 0]),
+    (3, lambda batch, requests: batch.clear(), [-1, -1, -1, -1], [0, 0, 0, 0]),
+    (2, lambda batch, requests: batch.append(batch[0]), None, None),
+], ids=["grown", "cleared", "duplicated"])
+def test_a_list_of_requests_is_read_after_the_conversions_that_can_change_it(backend, given, change, request_ids,
+                                                                           input_ids):
+    """A batch-size conversion changes the list of requests the call was given (its first
+    ``given`` of three): both backends read the list as that left it (request r's last
+    token is 3 + r; the batch padded to 4)."""
+    requests = decode_requests(backend, 3)
+    for number, request in enumerate(requests):
+        request.add_new_token(3 + number)
+    batch = requests[:given]
+    out = HostBuffers(16, 8)
+    convert = Converts(lambda: change(batch, requests))
+    if request_ids is None:
+        with pytest.raises(ValueError, match="request 0 is given twice in the batch"):
+            prepare_inputs([], batch, out=out, cuda_graph_batch_sizes=[convert])
+        return
+    prepared = prepare_inputs([], batch, out=out, cuda_graph_batch_sizes=[convert])
+    assert prepared.request_ids.tolist() == request_ids and prepared.input_ids.tolist() == input_ids
+
+
+@pytest.mark.parametrize("holder_type", ["HostBuffers", "MetadataBuffers"])
+def test_a_holders_fields_are_read_only(backend, holder_type):
+    """Its writers are bound to its arrays when made: replacing one would leave them
+    writing the old ones (a block-size conversion that tried it now fails before anything
+    is written)."""
+    out = HostBuffers(16, 8, max_blocks_per_seq=4)
+    target = out if holder_type == "HostBuffers" else out.metadata
+    names = (["arrays", "max_num_tokens", "max_batch_size", "max_draft_len", "max_beam_width", "metadata"]
+             if holder_type == "HostBuffers" else
+             ["max_blocks_per_seq", "num_layer_groups", "kv_lens", "cu_kv_seqlens", "slot_mapping", "block_table",
+              "kv_indptr", "kv_indices", "kv_last_page_len"])
+    for name in names:
+        before = getattr(target, name)
+        with pytest.raises(AttributeError, match=f"{holder_type}.{name} is read-only"):
+            setattr(target, name, None)
+        assert getattr(target, name) is before
+    requests = decode_requests(backend, 2)
+    prepare_inputs([], requests, out=out, block_size=16)
+    out.input_ids[:] = -7
+
+    class SwapsMetadata:
+        def __index__(self):
+            out.metadata = MetadataBuffers(16, 8, 4)
+            return 16
+
+    with pytest.raises(AttributeError, match="HostBuffers.metadata is read-only"):
+        prepare_inputs([], requests, out=out, block_size=SwapsMetadata())
+    assert out.input_ids.tolist() == [-7] * 16

@@ -212,7 +212,9 @@ cdef class AttentionMetadata:
 
     # ------------------------------------------------------------------ pass 1
     cdef int configure(self, object block_sizes) except -1:
-        """Take the call's block sizes (a tuple of ints, checked once per new tuple)."""
+        """Take the call's block sizes (a tuple of ints, checked once per new tuple). Every
+        size is checked before any is taken: a plan of another writer sharing this metadata
+        may be waiting for its write, which reads the sizes (a refused tuple changes none)."""
         cdef Py_ssize_t group
         cdef int64_t size
         if block_sizes is self._block_sizes:
@@ -223,11 +225,11 @@ cdef class AttentionMetadata:
             _checks.bad_block_sizes(block_sizes)
         if len(block_sizes) > self.num_bound_groups:
             _checks.too_many_groups(len(block_sizes), self.num_bound_groups)
-        for group in range(len(block_sizes)):
-            item = block_sizes[group]
+        for item in block_sizes:
             if type(item) is not int or not 1 <= item <= INT32_MAX:
                 _checks.bad_block_sizes(block_sizes)
-            size = item
+        for group in range(len(block_sizes)):
+            size = block_sizes[group]
             self.block_size[group] = size
             self.block_shift[group] = -1
             if size & (size - 1) == 0:

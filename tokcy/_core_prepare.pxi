@@ -305,6 +305,9 @@ cdef class InputWriter:
             _checks.negative_limit("max_draft_len", max_draft_len)
         if max_beam_width < 0:
             _checks.negative_limit("max_beam_width", max_beam_width)
+        # whatever can run caller code first (an iterable group iterated, in argument order,
+        # then the batch sizes); the lists and tuples are read after it, in place, and no
+        # caller code runs from their first read to their last (the twin does the same)
         contexts = context_requests if type(context_requests) in (list, tuple) else tuple(context_requests)
         generations = generation_requests if type(generation_requests) in (list, tuple) else tuple(generation_requests)
         first_drafts = first_draft_requests if type(first_draft_requests) in (list, tuple) else tuple(first_draft_requests)

@@ -14,3 +14,4 @@ tokcy.Request(2, [1], 4)  # E: call-arg  (beam_width is keyword-only)
 prepare_inputs([request], [request], max_draft_len=None)  # E: arg-type
 SchedulerOutputManager().build_scheduler_output([request], [1])  # E: list-item
 HostBuffers(64, 8).input_idz  # E: attr-defined  (its arrays are named attributes)
+HostBuffers(64, 8).metadata = None  # E: misc  (a holder's fields are read-only)

@@ -114,17 +114,20 @@ class InputWriter:
 
     def _plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
               max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes):
-        # the compiled twin's order: its typed limits convert first, then the groups and sizes
+        # the compiled twin's order: its typed limits convert first; then whatever can run
+        # caller code (each group that is not a list or tuple iterated, in argument order,
+        # then the batch sizes); the lists and tuples given are read after all of it
         max_draft_len = as_index(max_draft_len)
         max_beam_width = as_index(max_beam_width)
         if max_draft_len < 0:
             _checks.negative_limit("max_draft_len", max_draft_len)
         if max_beam_width < 0:
             _checks.negative_limit("max_beam_width", max_beam_width)
-        groups = [tuple(group) for group in
+        groups = [group if type(group) in (list, tuple) else tuple(group) for group in
                   (context_requests, generation_requests, first_draft_requests, device_token_requests)]
-        context_requests, generation_requests, first_draft_requests, device_token_requests = groups
         batch_sizes = _checks.owned_batch_sizes(cuda_graph_batch_sizes)
+        groups = [tuple(group) for group in groups]  # no caller code runs from here on
+        context_requests, generation_requests, first_draft_requests, device_token_requests = groups
         self._plan_state = None
         meta = None
         if block_sizes is not None:

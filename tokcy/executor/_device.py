@@ -29,7 +29,7 @@ from tokcy.executor._host import (
     capacity_lengths,
     written_inputs,
 )
-from tokcy.executor._metadata import LayerGroupInputs, _made_fields, block_sizes_arg, set_fields
+from tokcy.executor._metadata import LayerGroupInputs, _made_fields, block_sizes_arg, read_only, set_fields
 
 # Packed order: per-sequence arrays first, token-sized arrays last, input_ids at the end.
 _PACKED_ORDER = (
@@ -175,53 +175,53 @@ class InputPreparer:
 
         from tokcy.executor._device_table import DeviceBlockTable, device_tables_arg
 
-        self.max_num_tokens = _count(max_num_tokens, "max_num_tokens")
-        self.max_batch_size = _count(max_batch_size, "max_batch_size")
-        self.max_draft_len = _count(max_draft_len, "max_draft_len")
-        self.max_beam_width = _count(max_beam_width, "max_beam_width", 1)
+        self._max_num_tokens = _count(max_num_tokens, "max_num_tokens")
+        self._max_batch_size = _count(max_batch_size, "max_batch_size")
+        self._max_draft_len = _count(max_draft_len, "max_draft_len")
+        self._max_beam_width = _count(max_beam_width, "max_beam_width", 1)
         num_staging_buffers = _count(num_staging_buffers, "num_staging_buffers", 1)
-        self.device = torch.device(device)
-        self.is_cuda = self.device.type == "cuda"
-        if self.is_cuda and num_staging_buffers < 2:
+        self._device = torch.device(device)
+        self._is_cuda = self._device.type == "cuda"
+        if self._is_cuda and num_staging_buffers < 2:
             raise ValueError(f"num_staging_buffers must be >= 2 with CUDA, got {num_staging_buffers}")
         self._torch = torch
-        self.block_sizes = block_sizes_arg(block_size, block_sizes)
-        num_groups = 0 if self.block_sizes is None else len(self.block_sizes)
+        self._block_sizes = block_sizes_arg(block_size, block_sizes)
+        num_groups = 0 if self._block_sizes is None else len(self._block_sizes)
         if num_groups and max_blocks_per_seq is None:
             raise ValueError("a block size needs max_blocks_per_seq (the device block table's width)")
-        if num_groups and self.max_beam_width != 1:
-            raise ValueError(f"attention metadata needs max_beam_width 1, got {self.max_beam_width}")
+        if num_groups and self._max_beam_width != 1:
+            raise ValueError(f"attention metadata needs max_beam_width 1, got {self._max_beam_width}")
         if not num_groups and device_tables is not None:
             raise ValueError("device_tables needs a block size (the tables are the attention metadata's)")
-        self.device_tables = device_tables_arg(device_tables) if num_groups else None
-        layout, total = _packed_layout(self.max_num_tokens, self.max_batch_size, self.max_draft_len, num_groups)
+        self._device_tables = device_tables_arg(device_tables) if num_groups else None
+        layout, total = _packed_layout(self._max_num_tokens, self._max_batch_size, self._max_draft_len, num_groups)
         self._layout = layout
         self._input_ids_end = layout["input_ids"][0]  # + num_tokens: the used prefix
-        self.device_table = None
+        self._device_table = self._max_blocks_per_seq = self._max_slots = None
         if num_groups:
-            self.max_blocks_per_seq = _count(max_blocks_per_seq, "max_blocks_per_seq", 1)
-            self.max_slots = self.max_batch_size if max_slots is None else _count(max_slots, "max_slots", 1)
-            self.device_table = DeviceBlockTable(torch, self.device, num_groups, self.max_slots,
-                                                 self.max_blocks_per_seq, self.max_batch_size, self.device_tables)
+            self._max_blocks_per_seq = _count(max_blocks_per_seq, "max_blocks_per_seq", 1)
+            self._max_slots = self._max_batch_size if max_slots is None else _count(max_slots, "max_slots", 1)
+            self._device_table = DeviceBlockTable(torch, self._device, num_groups, self._max_slots,
+                                                 self._max_blocks_per_seq, self._max_batch_size, self._device_tables)
             # changed entries (an int64 index and an int32 value each) go after the used input
             # ids, from an even word (delta_start): at most every entry of every sequence's
             # row, in every group
-            total += 1 + 3 * self.max_batch_size * num_groups * self.max_blocks_per_seq
+            total += 1 + 3 * self._max_batch_size * num_groups * self._max_blocks_per_seq
         total += total % 2  # even: the device buffer's int64 view covers it all
         self.last_copy_bytes = 0
-        self._device_packed = torch.zeros(max(total, 2), dtype=torch.int32, device=self.device)
+        self._device_packed = torch.zeros(max(total, 2), dtype=torch.int32, device=self._device)
         self._device_packed_int64 = self._device_packed.view(torch.int64)  # the changed entries' indices
-        self.tensors = {name: self._field(self._device_packed, name) for name in ARRAY_FIELDS}
+        self._tensors = {name: self._field(self._device_packed, name) for name in ARRAY_FIELDS}
         self._views = {name: {} for name in ARRAY_FIELDS}
         self._batch_view_cache = {}  # padded batch size -> _batch_views(): the per-sequence metadata views
         self._copies = {}  # (tokens, changed table entries) -> what _new_copy() made for them
         # On a CPU "device" the packed copy is a plain memcpy between two host buffers: done
         # through memoryviews of the same memory it costs a third of a torch copy_ call.
-        self._host_copy = self.device.type == "cpu"
+        self._host_copy = self._device.type == "cpu"
         self._staging = []
         self._host = []
         for _ in range(num_staging_buffers):
-            staging = torch.zeros(max(total, 2), dtype=torch.int32, pin_memory=self.is_cuda)
+            staging = torch.zeros(max(total, 2), dtype=torch.int32, pin_memory=self._is_cuda)
             packed = staging.numpy()
             arrays = {}
             for name in ARRAY_FIELDS:
@@ -231,16 +231,16 @@ class InputPreparer:
             self._staging.append(staging)
             metadata = None
             if num_groups:
-                metadata = self.device_table.host_metadata(
+                metadata = self._device_table.host_metadata(
                     self._metadata_views(packed, num_groups), self._packed_field(packed, "table_slots"),
                     packed[self._input_ids_end :])
-            self._host.append(HostBuffers.from_arrays(max_draft_len=self.max_draft_len,
-                                                      max_beam_width=self.max_beam_width, metadata=metadata,
+            self._host.append(HostBuffers.from_arrays(max_draft_len=self._max_draft_len,
+                                                      max_beam_width=self._max_beam_width, metadata=metadata,
                                                       **arrays))
         # per staging buffer: (backend module, its InputWriter, its AttentionMetadata or None),
         # looked up again when the live backend changes
         self._writers = [(None, None, None)] * num_staging_buffers
-        self._events = [torch.cuda.Event() for _ in self._staging] if self.is_cuda else None
+        self._events = [torch.cuda.Event() for _ in self._staging] if self._is_cuda else None
         self._recorded = [False] * num_staging_buffers
         self._next = 0
         self._fence = True  # tests switch it off to show the fence is needed
@@ -252,7 +252,7 @@ class InputPreparer:
         if view is None:
             if len(views) >= _MAX_CACHED_VIEWS:
                 views.clear()
-            view = views[length] = self.tensors[name][:length]
+            view = views[length] = self._tensors[name][:length]
         return view
 
     def _packed_field(self, packed, name):
@@ -275,7 +275,7 @@ class InputPreparer:
     @property
     def block_table(self):
         """The persistent device block table (groups, max_slots, max_blocks_per_seq), or None."""
-        return None if self.device_table is None else self.device_table.table
+        return None if self._device_table is None else self._device_table.table
 
     def _field(self, packed, name):
         offset, length, width = self._layout[name]
@@ -311,7 +311,7 @@ class InputPreparer:
             elif previous.ndim != 1:
                 raise ValueError(f"previous_new_tokens must be 1-D or 2-D, got {previous.ndim} dimensions")
             if previous.device != self._device_packed.device:
-                raise ValueError(f"previous_new_tokens is on {previous.device}, the inputs on {self.device}")
+                raise ValueError(f"previous_new_tokens is on {previous.device}, the inputs on {self._device}")
         slot = self._next
         if self._events is not None and self._recorded[slot] and self._fence:
             self._events[slot].synchronize()  # its previous copy is done: safe to refill
@@ -320,13 +320,13 @@ class InputPreparer:
             module, writer, metadata = self._writers[slot] = self._staging_writers(slot)
         # prepare_into(), with this staging buffer's writers at hand
         counts = writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                                self.max_draft_len, cuda_graph_batch_sizes, self.max_beam_width, self.block_sizes)
+                                self._max_draft_len, cuda_graph_batch_sizes, self._max_beam_width, self._block_sizes)
         try:
             results = None if metadata is None else metadata.results()  # (.., .., changed table entries, ..)
             host = (self._host[slot], results)  # DeviceInputs.host is made from them when read
             count = counts[10]  # device-token rows
             if count:
-                host = written_inputs(host[0], counts, results, self.block_sizes)
+                host = written_inputs(host[0], counts, results, self._block_sizes)
                 if int(host.device_token_slots.max()) >= previous.shape[0]:
                     # checked before the copy: a failed call leaves the device tensors as they were
                     bad = int(host.device_token_slots.max())
@@ -338,7 +338,7 @@ class InputPreparer:
             if self._host_copy:
                 target[:] = sources[slot]
             else:
-                target.copy_(sources[slot], non_blocking=self.is_cuda)
+                target.copy_(sources[slot], non_blocking=self._is_cuda)
             self.last_copy_bytes = copied
             if self._events is not None:
                 # the copy runs on the inputs' device's current stream: fence that stream
@@ -347,14 +347,14 @@ class InputPreparer:
             if count:
                 start = counts[6]  # device_token_row_start
                 tokens = previous.index_select(0, self._view("device_token_slots", count))
-                self.tensors["input_ids"][start : start + count].copy_(tokens)
+                self._tensors["input_ids"][start : start + count].copy_(tokens)
             made_from = None
             if results is not None:
                 # scatter the changed entries into the device table and gather the batch's
                 # tables (device work, issued now); _set_device_metadata makes the views
                 padded = counts[5]
                 views = self._batch_view_cache.get(padded) or self._batch_views(padded)
-                tables = self.device_table.apply(self._device_packed, self._device_packed_int64, deltas, results[2],
+                tables = self._device_table.apply(self._device_packed, self._device_packed_int64, deltas, results[2],
                                                  views[0], views[2], results[3])
                 made_from = (tables, padded, counts[3], results[0], results[1])  # (the metadata views')
             inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, made_from), without the __init__ call
@@ -364,8 +364,8 @@ class InputPreparer:
             inputs._metadata = made_from
             inputs._views = [None] * _NUM_ARRAYS
         except BaseException:
-            if self.device_table is not None:  # the host consumed the tables' changes: resend them whole
-                self.device_table.rows().forget()
+            if self._device_table is not None:  # the host consumed the tables' changes: resend them whole
+                self._device_table.rows().forget()
             raise
         return inputs
 
@@ -382,7 +382,7 @@ class InputPreparer:
         sequences, made once per size."""
         views = self._batch_view_cache.get(padded)
         if views is None:
-            groups = range(len(self.block_sizes))
+            groups = range(len(self._block_sizes))
             views = self._batch_view_cache[padded] = (
                 self._packed_view("table_slots", padded),
                 [self._packed_view(f"kv_indptr/{group}", padded + 1) for group in groups],
@@ -396,7 +396,7 @@ class InputPreparer:
         inputs object makes them on the first read of any."""
         indptrs = self._batch_views(padded)[1]
         groups = []
-        for group, (block_size, (dense, indices)) in enumerate(zip(self.block_sizes, tables)):
+        for group, (block_size, (dense, indices)) in enumerate(zip(self._block_sizes, tables)):
             groups.append(LayerGroupInputs(
                 block_size=block_size, slot_mapping=self._packed_view(f"slot_mapping/{group}", num_tokens),
                 block_table=dense, kv_indptr=indptrs[group], kv_indices=indices,
@@ -439,3 +439,10 @@ class InputPreparer:
             for event, recorded in zip(self._events, self._recorded):
                 if recorded:
                     event.synchronize()
+
+
+#: What an ``InputPreparer`` is made with, read-only: its staging buffers, writers and
+#: device tensors are laid out for them when it is made.
+PREPARER_FIELDS = ("max_num_tokens", "max_batch_size", "max_draft_len", "max_beam_width", "device", "is_cuda",
+                   "tensors", "block_sizes", "max_blocks_per_seq", "max_slots", "device_table", "device_tables")
+read_only(InputPreparer, PREPARER_FIELDS)

@@ -73,19 +73,34 @@ class DeviceInputs:
     def groups(self) -> tuple[_DeviceGroup, ...] | None: ...
     def __init__(self, preparer: InputPreparer, host: PreparedInputs, metadata: object | None = None) -> None: ...
 
+PREPARER_FIELDS: tuple[str, ...]
+
 class InputPreparer:
-    max_num_tokens: int
-    max_batch_size: int
-    max_draft_len: int
-    max_beam_width: int
-    device: torch.device
-    is_cuda: bool
-    tensors: dict[str, torch.Tensor]
-    block_sizes: tuple[int, ...] | None
-    max_blocks_per_seq: int  # set only with a block size
-    max_slots: int  # set only with a block size
-    device_table: DeviceBlockTable | None
-    device_tables: tuple[str, ...] | None  # the batch tables gathered on the device ("dense", "csr")
+    # what it is made with, read-only
+    @property
+    def max_num_tokens(self) -> int: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def max_draft_len(self) -> int: ...
+    @property
+    def max_beam_width(self) -> int: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def is_cuda(self) -> bool: ...
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]: ...
+    @property
+    def block_sizes(self) -> tuple[int, ...] | None: ...
+    @property
+    def max_blocks_per_seq(self) -> int | None: ...  # None without a block size
+    @property
+    def max_slots(self) -> int | None: ...  # None without a block size
+    @property
+    def device_table(self) -> DeviceBlockTable | None: ...
+    @property
+    def device_tables(self) -> tuple[str, ...] | None: ...  # the batch tables gathered on the device ("dense", "csr")
     last_copy_bytes: int  # bytes the last prepare copied host-to-device
     def __init__(
         self,

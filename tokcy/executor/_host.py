@@ -17,6 +17,7 @@ from tokcy.executor._metadata import (
     _metadata_property,
     attach,
     block_sizes_arg,
+    read_only,
 )
 
 #: The array attributes of ``PreparedInputs``, in the order ``InputWriter.bind`` takes them.
@@ -171,6 +172,9 @@ def _install_fields(cls, array_property, count_property):
 _install_fields(PreparedInputs, _array_property, _count_property)
 
 
+HOST_BUFFER_FIELDS = ("arrays", "max_num_tokens", "max_batch_size", "max_draft_len", "max_beam_width", "metadata")
+
+
 class HostBuffers:
     """Preallocated output arrays for ``prepare_inputs(..., out=...)``: capacities
     ``max_num_tokens`` token rows and ``max_batch_size`` sequences (beams and padding
@@ -179,10 +183,10 @@ class HostBuffers:
 
     ``max_blocks_per_seq`` (None: no metadata) sizes the attention metadata for calls with
     a block size: that many blocks per block table, ``num_layer_groups`` layer groups.
+    Every field (``arrays``, the capacities, ``metadata``) is read-only.
     """
 
-    __slots__ = ("arrays", "max_num_tokens", "max_batch_size", "max_draft_len", "max_beam_width", "metadata",
-                 "_writers")
+    __slots__ = tuple("_" + name for name in HOST_BUFFER_FIELDS) + ("_writers",)
 
     def __init__(self, max_num_tokens, max_batch_size, max_draft_len=0, *, max_beam_width=None,
                  max_blocks_per_seq=None, num_layer_groups=1):
@@ -225,13 +229,13 @@ class HostBuffers:
                 raise ValueError(f"out array {name} must be 1-D, C-contiguous and writable")
         if len(arrays["cu_seqlens"]) < 1:
             raise ValueError("out array cu_seqlens needs at least one entry")
-        self.arrays = tuple(arrays[name] for name in ARRAY_FIELDS)
-        self.max_num_tokens = min(len(arrays["input_ids"]), len(arrays["position_ids"]))
+        self._arrays = tuple(arrays[name] for name in ARRAY_FIELDS)
+        self._max_num_tokens = min(len(arrays["input_ids"]), len(arrays["position_ids"]))
         per_sequence = ("seq_lens", "num_cached_tokens", "prompt_lens", "request_ids")
-        self.max_batch_size = min(min(len(arrays[name]) for name in per_sequence), len(arrays["cu_seqlens"]) - 1)
-        self.max_draft_len = max_draft_len
-        self.max_beam_width = None if max_beam_width is None else _count(max_beam_width, "max_beam_width", 1)
-        self.metadata = metadata
+        self._max_batch_size = min(min(len(arrays[name]) for name in per_sequence), len(arrays["cu_seqlens"]) - 1)
+        self._max_draft_len = max_draft_len
+        self._max_beam_width = None if max_beam_width is None else _count(max_beam_width, "max_beam_width", 1)
+        self._metadata = metadata
         self._writers = {}
 
     def __repr__(self):
@@ -251,9 +255,12 @@ class HostBuffers:
         return writer
 
 
+read_only(HostBuffers, HOST_BUFFER_FIELDS)
+
+
 def _capacity_array_property(index, name):
     def read(self):
-        return self.arrays[index]
+        return self._arrays[index]
 
     read.__name__ = name
     return property(read, doc=f"``{name}``: the whole array (its full capacity).")

@@ -83,13 +83,21 @@ class PreparedInputs(_ArraysByName):
     def __init__(self, arrays: Iterable[npt.NDArray[Any]], counts: tuple[int, ...]) -> None: ...
     def asdict(self) -> dict[str, Any]: ...
 
+HOST_BUFFER_FIELDS: tuple[str, ...]
+
 class HostBuffers(_ArraysByName):
-    arrays: tuple[npt.NDArray[Any], ...]
-    max_num_tokens: int
-    max_batch_size: int
-    max_draft_len: int
-    max_beam_width: int | None
-    metadata: MetadataBuffers | None
+    @property
+    def arrays(self) -> tuple[npt.NDArray[Any], ...]: ...
+    @property
+    def max_num_tokens(self) -> int: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def max_draft_len(self) -> int: ...
+    @property
+    def max_beam_width(self) -> int | None: ...
+    @property
+    def metadata(self) -> MetadataBuffers | None: ...
     def __init__(
         self,
         max_num_tokens: SupportsIndex,

@@ -55,15 +55,30 @@ class LayerGroupInputs:
         return f"LayerGroupInputs(block_size={self.block_size}, kv_indices={indices})"
 
 
+def read_only(cls, names):
+    """Give ``cls`` a read-only property per name, reading the slot ``_name``: a holder's
+    writers are bound to its arrays when made, so an array or size replaced afterwards
+    would no longer be the one written."""
+    for name in names:
+        def refuse(self, value, name=name):
+            raise AttributeError(f"{type(self).__name__}.{name} is read-only: it is fixed when the object is made")
+
+        setattr(cls, name, property(operator.attrgetter("_" + name), refuse, doc=f"``{name}`` (read-only)."))
+
+
+METADATA_BUFFER_FIELDS = ("max_blocks_per_seq", "num_layer_groups", "kv_lens", "cu_kv_seqlens", "slot_mapping",
+                          "block_table", "kv_indptr", "kv_indices", "kv_last_page_len")
+
+
 class MetadataBuffers:
     """Preallocated metadata arrays for ``max_batch_size`` sequences, ``max_num_tokens``
     rows, ``num_layer_groups`` groups and ``max_blocks_per_seq`` blocks per sequence.
 
     ``block_table`` / ``kv_indices`` may be None (a device gathers them from its own table).
+    Every field is read-only.
     """
 
-    __slots__ = ("max_blocks_per_seq", "num_layer_groups", "kv_lens", "cu_kv_seqlens", "slot_mapping",
-                 "block_table", "kv_indptr", "kv_indices", "kv_last_page_len", "_writers")
+    __slots__ = tuple("_" + name for name in METADATA_BUFFER_FIELDS) + ("_writers",)
 
     def __init__(self, max_num_tokens, max_batch_size, max_blocks_per_seq, num_layer_groups=1):
         groups = range(num_layer_groups)
@@ -85,13 +100,13 @@ class MetadataBuffers:
 
     def _adopt(self, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
                block_table, kv_indices):
-        self.max_blocks_per_seq = max_blocks_per_seq
-        self.num_layer_groups = len(slot_mapping)
-        self.kv_lens, self.cu_kv_seqlens = kv_lens, cu_kv_seqlens
-        self.slot_mapping, self.kv_indptr = tuple(slot_mapping), tuple(kv_indptr)
-        self.kv_last_page_len = tuple(kv_last_page_len)
-        self.block_table = None if block_table is None else tuple(block_table)
-        self.kv_indices = None if kv_indices is None else tuple(kv_indices)
+        self._max_blocks_per_seq = max_blocks_per_seq
+        self._num_layer_groups = len(slot_mapping)
+        self._kv_lens, self._cu_kv_seqlens = kv_lens, cu_kv_seqlens
+        self._slot_mapping, self._kv_indptr = tuple(slot_mapping), tuple(kv_indptr)
+        self._kv_last_page_len = tuple(kv_last_page_len)
+        self._block_table = None if block_table is None else tuple(block_table)
+        self._kv_indices = None if kv_indices is None else tuple(kv_indices)
         self._writers = {}
 
     def bound(self, module=None):
@@ -104,6 +119,9 @@ class MetadataBuffers:
                           self.kv_indptr, self.kv_last_page_len, self.block_table, self.kv_indices)
             self._writers[module] = metadata
         return metadata
+
+
+read_only(MetadataBuffers, METADATA_BUFFER_FIELDS)
 
 
 class _MetadataFields:
