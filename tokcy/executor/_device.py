@@ -29,7 +29,8 @@ from tokcy.executor._host import (
     capacity_lengths,
     written_inputs,
 )
-from tokcy.executor._metadata import LayerGroupInputs, _made_fields, block_sizes_arg, read_only, set_fields
+from tokcy.executor._metadata import LayerGroupInputs, _made_fields, block_sizes_arg, set_fields
+from tokcy.executor._read_only import read_only
 
 # Packed order: per-sequence arrays first, token-sized arrays last, input_ids at the end.
 _PACKED_ORDER = (

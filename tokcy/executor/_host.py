@@ -17,8 +17,8 @@ from tokcy.executor._metadata import (
     _metadata_property,
     attach,
     block_sizes_arg,
-    read_only,
 )
+from tokcy.executor._read_only import read_only
 
 #: The array attributes of ``PreparedInputs``, in the order ``InputWriter.bind`` takes them.
 ARRAY_FIELDS = (

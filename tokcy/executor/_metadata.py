@@ -11,6 +11,7 @@ import operator
 import numpy as np
 
 from tokcy import _backend
+from tokcy.executor._read_only import read_only
 
 #: Per-batch metadata attributes of ``PreparedInputs`` / ``DeviceInputs`` (group 0's
 #: arrays also appear at the top level; ``groups`` holds one ``LayerGroupInputs`` each).
@@ -53,17 +54,6 @@ class LayerGroupInputs:
     def __repr__(self):
         indices = None if self.kv_indices is None else len(self.kv_indices)
         return f"LayerGroupInputs(block_size={self.block_size}, kv_indices={indices})"
-
-
-def read_only(cls, names):
-    """Give ``cls`` a read-only property per name, reading the slot ``_name``: a holder's
-    writers are bound to its arrays when made, so an array or size replaced afterwards
-    would no longer be the one written."""
-    for name in names:
-        def refuse(self, value, name=name):
-            raise AttributeError(f"{type(self).__name__}.{name} is read-only: it is fixed when the object is made")
-
-        setattr(cls, name, property(operator.attrgetter("_" + name), refuse, doc=f"``{name}`` (read-only)."))
 
 
 METADATA_BUFFER_FIELDS = ("max_blocks_per_seq", "num_layer_groups", "kv_lens", "cu_kv_seqlens", "slot_mapping",

@@ -38,8 +38,6 @@ class LayerGroupInputs(Generic[_SlotMapping, _Int32Array, _TableArray]):
 
 METADATA_BUFFER_FIELDS: tuple[str, ...]
 
-def read_only(cls: type, names: Iterable[str]) -> None: ...
-
 class MetadataBuffers:
     @property
     def max_blocks_per_seq(self) -> int: ...
