@@ -146,3 +146,18 @@ def test_block_table_pickle(backend):
 
 def test_block_table_repr(backend):
     assert repr(backend.BlockTable([1, 2])) == "BlockTable([1, 2], num_released=0)"
+
+
+def test_setting_an_entry_converts_its_index_once(backend):
+    """An index whose conversion gives 0 the first time and 1 after: the entry set is 0 and
+    the index is converted once (as a C-typed argument is), on both backends."""
+    calls = []
+
+    class Index:
+        def __index__(self):
+            calls.append(1)
+            return 0 if len(calls) == 1 else 1
+
+    table = backend.BlockTable([10, 11, 12])
+    table[Index()] = 99
+    assert table.tolist() == [99, 11, 12] and len(calls) == 1

@@ -218,3 +218,34 @@ def test_a_blank_request_among_many_fast_rows_is_a_new_row(backend):
     assert output.request_ids.tolist() == list(range(1, 11)) + [0] + list(range(11, 25))
     assert output.is_new.tolist() == [False] * 10 + [True] + [False] * 14
     assert output.tokens.tolist() == [1000 + request_id for request_id in range(1, 25)]
+
+
+def test_an_object_claiming_to_be_a_request_is_refused_by_its_real_type(backend):
+    class Impostor:
+        """Not a Request, though its ``__class__`` says so (which ``isinstance`` believes)."""
+
+        @property
+        def __class__(self):
+            return backend.Request
+
+    assert isinstance(Impostor(), backend.Request)
+    with pytest.raises(TypeError, match=r"context_requests\[0\] must be a Request, not .*Impostor"):
+        SchedulerOutputManager().build_scheduler_output([Impostor()], [])
+
+
+def test_the_lists_are_read_after_a_later_group_is_iterated(backend):
+    """A generation group given as a generator empties the context list the call was given
+    while the call iterates it: both backends read the list after that (request 1 is not
+    reported, and its tokens still are, in full, by the next report)."""
+    first, second = backend.Request(1, [1, 2, 3]), backend.Request(2, [4, 5])
+    second.state = RequestState.GENERATION_IN_PROGRESS
+    context = [first]
+
+    def generation():
+        context.clear()
+        yield second
+
+    manager = SchedulerOutputManager()
+    output = manager.build_scheduler_output(context, generation())
+    assert output.request_ids.tolist() == [2] and output.num_context_requests == 0
+    assert manager.build_scheduler_output([first], []).tokens.tolist() == [1, 2, 3]

@@ -363,6 +363,9 @@ ERROR_CASES = {
                                 ValueError, "draft tokens"),
     "too many beams": (lambda m: (([], [_gen(m, 25, beam_width=3)]), {"out": HostBuffers(8, 4, max_beam_width=2)}),
                        ValueError, "request 25"),
+    # isinstance() believes an object's __class__; both backends check its real type
+    "claims to be a Request": (lambda m: (([], [type("Impostor", (), {"__class__": property(lambda _: m.Request)})()]),
+                                          {}), TypeError, "generation_requests[0] must be a tokcy Request"),
 }
 
 

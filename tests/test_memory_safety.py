@@ -1,4 +1,4 @@
-"""Fourteen ways into memory errors that the compiled core once had, one test each.
+"""Fifteen ways into memory errors that the compiled core once had, one test each.
 
 Each asserts a clean exception or a defined result, the same on both backends, and that
 every observable is unchanged after a refused call. Under the sanitizer build (.ci/run,
@@ -431,3 +431,36 @@ def test_a_failed_report_never_writes_into_a_buffer_freed_by_its_error(backend, 
     output = report(first)
     assert output.tokens.tolist() == [7, 8, 9] and output.block_ids.tolist() == [40]
     assert output.num_replaced_tokens.tolist() == [0 if output.is_new[0] else 100]
+
+
+def reachable_through_the_collector(start, depth=4):
+    """Every object ``gc.get_referents`` leads to from ``start``, ``depth`` steps deep."""
+    seen, frontier = {}, [start]
+    for _ in range(depth):
+        frontier = [item for obj in frontier for item in gc.get_referents(obj) if id(item) not in seen]
+        seen.update((id(item), item) for item in frontier)
+    return list(seen.values())
+
+
+def test_15_nothing_the_collector_hands_out_frees_the_memory_a_buffer_writes(backend):
+    """The garbage collector's introspection reaches a request's buffers and what they hold.
+    Releasing every memoryview found, and growing every bytearray, must not free the memory
+    the buffers write and read: the compiled storage keeps its export in C (a memoryview
+    there, once released, freed its bytearray under the buffer's pointer)."""
+    request = backend.Request(1, list(range(1000)))
+    request.block_tables[0].extend(range(100))
+    for obj in reachable_through_the_collector(request):
+        if isinstance(obj, memoryview):
+            try:
+                obj.release()
+            except BufferError:  # exported further: it cannot be released
+                pass
+        elif isinstance(obj, bytearray):
+            with pytest.raises(BufferError):
+                obj.extend(bytes(4096))
+    churn = [bytearray(4000) for _ in range(200)]  # reuses any block freed by mistake
+    request.add_new_token(5)
+    request.block_tables[0].append(7)
+    del churn
+    assert request.get_tokens(0) == list(range(1000)) + [5]
+    assert request.block_tables[0].tolist() == list(range(100)) + [7]

@@ -5,24 +5,42 @@
 # and table_dirty_from with table_stamp (the device block table's); see
 # docs/change-tracking.md.
 
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
-from cpython.memoryview cimport PyMemoryView_FromObject, PyMemoryView_GET_BUFFER
+from cpython.memoryview cimport PyMemoryView_FromObject
 
 cdef Py_ssize_t MIN_CAPACITY = 16
 
 
-cdef object new_storage(Py_ssize_t capacity):
-    """Storage for ``capacity`` int32 entries (not initialised): a memoryview of a
-    bytearray. The memoryview holds the bytearray's buffer export for as long as the
-    storage lives, so nothing can resize the bytearray and free the memory under ``data``;
-    views are made from it, so no numpy array that a caller can reach owns that memory
-    (numpy's ``resize(refcheck=False)`` and ``__setstate__`` ignore exports). Making a
-    bytearray runs no Python code; making the memoryview may (a collection)."""
-    return PyMemoryView_FromObject(PyByteArray_FromStringAndSize(NULL, capacity * sizeof(int32_t)))
+@cython.final
+@cython.no_gc  # holds a bytearray only (no cycle), and hands it to no one through gc.get_referents
+cdef class Storage:
+    """The memory of a buffer's entries: a bytearray, and a buffer export of it held in C
+    for as long as this lives, so nothing can resize the bytearray and free the memory
+    under ``data``. It has no method: unlike a memoryview, which the garbage collector's
+    introspection hands out, it cannot be released from Python."""
+    cdef object bytes_owner
+    cdef Py_buffer export
+
+    def __dealloc__(self):
+        if self.bytes_owner is not None:
+            PyBuffer_Release(&self.export)
+
+
+cdef Storage new_storage(Py_ssize_t capacity):
+    """Storage for ``capacity`` int32 entries (not initialised). Views are made from its
+    bytearray, so no numpy array that a caller can reach owns that memory (numpy's
+    ``resize(refcheck=False)`` and ``__setstate__`` ignore exports). No Python code runs
+    here: neither object is tracked by the garbage collector, so no collection starts."""
+    cdef Storage storage = Storage.__new__(Storage)
+    owner = PyByteArray_FromStringAndSize(NULL, capacity * sizeof(int32_t))
+    PyObject_GetBuffer(owner, &storage.export, PyBUF_WRITABLE)
+    storage.bytes_owner = owner
+    return storage
 
 
 cdef inline int32_t* storage_data(object storage) noexcept:
-    return <int32_t*>PyMemoryView_GET_BUFFER(storage).buf
+    return <int32_t*>(<Storage>storage).export.buf
 
 
 # every empty buffer's storage: nothing is ever written into its 0 entries (a write grows
@@ -58,7 +76,7 @@ cdef class Int32Buffer:
     cdef Py_ssize_t shared_end
     cdef Py_ssize_t table_dirty_from  # reader 2, the device block table: the same, since its last read
     cdef int64_t table_stamp          # which device-table row read it last (0: none)
-    cdef object storage      # what owns `data` (new_storage); old ones live on in views
+    cdef object storage      # what owns `data` (a Storage); an old one's bytearray lives on in its views
     cdef object readonly     # storage through a read-only buffer, made at the first view
     cdef Py_ssize_t _layout_pad[1]
 
@@ -91,7 +109,7 @@ cdef class Int32Buffer:
         cdef Py_ssize_t count = source.shape[0]
         storage = EMPTY_STORAGE
         if count:
-            storage = new_storage(count)  # Python code can run up to here, not below
+            storage = new_storage(count)  # no Python code runs from here until install() has set every field
             data = storage_data(storage)
             memcpy(data, &source[0], count * sizeof(int32_t))
         self.dirty_from = 0  # a new buffer's marks and counts, valid whatever the size
@@ -105,8 +123,8 @@ cdef class Int32Buffer:
         """Make positions [start, new_size) writable without changing any view (the
         values stay as they are, so no change mark moves: a writer lowers them itself).
 
-        Python code can run in here (making the storage can start a collection, releasing
-        the old one can call a weakref callback), and that code can change this buffer. So
+        Python code can run in here (releasing the old storage can call a weakref callback;
+        making the new one runs none), and that code can change this buffer. So
         this only makes progress: a caller checks its condition again on return and calls
         again until it holds, then writes with no Python code in between (append, extend,
         set, release)."""
@@ -208,7 +226,8 @@ cdef class Int32Buffer:
         """Read-only snapshot of [begin, end) (clamped to the size), zero-copy."""
         while self.readonly is None:
             storage = self.storage
-            readonly = np.frombuffer(storage.toreadonly(), dtype=np.int32)
+            readonly = np.frombuffer(PyMemoryView_FromObject((<Storage>storage).bytes_owner).toreadonly(),
+                                     dtype=np.int32)
             if self.storage is storage:  # else code that ran meanwhile replaced it: again
                 self.readonly = readonly
         readonly = self.readonly

@@ -338,10 +338,11 @@ cdef class ReportState:
             # too. A list is read in place: nothing below runs Python code before the plan
             # is complete, so it cannot change under pass 1, and pass 2 never reads it.
             groups = [as_list(context_requests), as_list(generation_requests), as_list(device_token_requests)]
+            arena.inspect()  # before the plan: this may run Python code (numpy's buffer export)
+            # the lists' lengths once no Python code can change them before the plan reads them
             num_context = len(<list>groups[0])
             batch = num_context + len(<list>groups[1]) + len(<list>groups[2])
             self._reserve_rows(batch)
-            arena.inspect()  # before the plan: this may run Python code (numpy's buffer export)
             find_direct_output(&direct, arena, batch)  # where the fast plan may write its rows
             self.stamp += 1
             stamp = self.stamp

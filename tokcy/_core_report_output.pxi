@@ -14,6 +14,10 @@
 # or, where those cannot be trusted, numpy's buffer export, which may run Python code when
 # it refuses); after the plan only sizes are compared, in C, so a report
 # into kept arrays runs no Python code from its first read of a request to its last write.
+# The arena holds a weak reference to each of its arrays, so numpy refuses to resize one
+# even with refcheck=False: an array revived after the check through a weak reference of
+# the caller's (from another thread, while the copy runs without the GIL) shows the report
+# being written, never freed memory.
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release
 
@@ -328,6 +332,7 @@ cdef class OutputArena:
     cdef ArenaArray narrow
     cdef ArenaArray flags
     cdef Py_ssize_t num_allocations    # arrays allocated so far (a counter for tests)
+    cdef object resize_guards          # a weak reference to each of the three arrays (see the top)
 
     cdef void inspect(self) noexcept:
         """Before a report's plan: find which kept arrays may be written (see
@@ -355,6 +360,7 @@ cdef class OutputArena:
             self.int32_array = self._new(&self.narrow, INT32_DTYPE, 4, b"i"[0], num_narrow)
         if self.flags.data == NULL:
             self.bool_array = self._new(&self.flags, BOOL_DTYPE, 1, b"?"[0], num_flags)
+        self.resize_guards = _invariants.resize_guards((self.int64_array, self.int32_array, self.bool_array))
         return 0
 
     cdef object _new(self, ArenaArray* slot, object dtype, Py_ssize_t itemsize, char code, Py_ssize_t needed):

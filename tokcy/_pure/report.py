@@ -86,7 +86,11 @@ class ReportState:
             checks.busy()
         self._busy = True
         try:
-            groups = (list(context_requests), list(generation_requests), list(device_token_requests))
+            # the compiled core's order: a group that is not a list is made one first (in
+            # argument order: that may run caller code), then the lists given are read
+            groups = [group if type(group) is list else list(group)
+                      for group in (context_requests, generation_requests, device_token_requests)]
+            groups = tuple(list(group) for group in groups)  # no caller code runs from here on
             fresh = {}  # slots for never-seen ids: added to the manager only once all is valid
             consumed = []  # (buffer, its dirty_from before): put back if the call fails
             try:
@@ -118,7 +122,7 @@ class ReportState:
             if not groups[kind]:  # most calls leave one or two groups empty
                 continue
             for index, request in enumerate(groups[kind]):
-                if not isinstance(request, Request):
+                if not issubclass(type(request), Request):  # its real type (not __class__), as the compiled core
                     checks.not_a_request(checks.GROUPS[kind], index, request, Request)
                 beam = request._beams[0]
                 request_id = request._request_id

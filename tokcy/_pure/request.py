@@ -87,6 +87,7 @@ class BlockTable:
         return self._buffer.get(self._position(index))
 
     def __setitem__(self, index, block_id):
+        index = as_index(index, "block table index")  # converted once, as the compiled twin's typed argument
         position = self._position(index)
         block_id = _check_block_id(block_id, "block_id")
         position = self._position(index)  # block_id's __index__ may have run Python code
