@@ -133,9 +133,9 @@ def test_a_failed_call_after_rows_written_to_the_arrays_changes_nothing(backend)
 def test_code_run_by_the_allocation_cannot_reach_the_arrays_being_replaced(backend, monkeypatch):
     """The rows written straight into the kept arrays move into new ones when a later row
     outgrows them. Allocating those can run Python code (a collection, hence a gc
-    callback; here numpy's ``empty`` itself runs it): code that looks for the kept
-    arrays in every tracked container and resizes them, which would free the memory the
-    move copies from. It finds none, and the report is whole."""
+    callback; here numpy's ``empty`` or ``frombuffer`` itself runs it): code that looks
+    for the kept arrays in every tracked container and resizes them, which would free the
+    memory the move copies from. It finds none, and the report is whole."""
     import gc
     import weakref
 
@@ -152,23 +152,25 @@ def test_code_run_by_the_allocation_cannot_reach_the_arrays_being_replaced(backe
     b.add_new_token(9)
     d = generating(backend.Request(4, list(range(100, 200))))  # new, after a and b: outgrows the arrays
     calls, resized = [], []
-    empty = np.empty
 
-    def hostile_empty(*args, **kwargs):
-        calls.append(args)
-        for container in gc.get_objects():
-            if type(container) in (tuple, list):
-                for item in container:
-                    if isinstance(item, np.ndarray) and any(item is ref() for ref in kept):
-                        item.resize(0, refcheck=False)
-                        resized.append(id(item))
-        return empty(*args, **kwargs)
+    def hostile(make):
+        def allocate(*args, **kwargs):
+            calls.append(args)
+            for container in gc.get_objects():
+                if type(container) in (tuple, list):
+                    for item in container:
+                        if isinstance(item, np.ndarray) and any(item is ref() for ref in kept):
+                            item.resize(0, refcheck=False)
+                            resized.append(id(item))
+            return make(*args, **kwargs)
+        return allocate
 
     with monkeypatch.context() as patch:
-        patch.setattr(np, "empty", hostile_empty)
+        patch.setattr(np, "empty", hostile(np.empty))
+        patch.setattr(np, "frombuffer", hostile(np.frombuffer))
         output = manager.build_scheduler_output([], [a, b, d])
     assert resized == []
-    # compiled: the new int64 and int32 arrays; the twin: its joined tokens and block ids
+    # compiled: views of the new int64 and int32 memory; the twin: its joined tokens and block ids
     assert len(calls) == {"tokcy._core": 2, "tokcy._pure": 1}[backend.__name__]
     assert columns(output)["tokens"] == [8, 9] + list(range(100, 200))
     assert columns(output)["token_offsets"] == [0, 1, 2, 102] and columns(output)["request_ids"] == [1, 2, 4]

@@ -53,11 +53,12 @@ def inside_a_call(attempt, slacks=range(-2, 40)):
 
 
 def when_storage_retires(view, action):
-    """Run ``action`` once, from a weak reference's callback, when the memory ``view``'s
-    data lives in is let go: inside the next write that moves the buffer to new storage,
-    once the caller has dropped ``view`` (a write copies first while a view may exist).
-    This is how Python code runs inside a write that makes storage: the compiled core
-    allocates nothing there that could start a collection. Returns a dict: "ran"."""
+    """Run ``action`` once, from a weak reference's callback, when the array ``view`` was
+    sliced from (its base, which the buffer keeps) is dropped: the buffer drops it inside
+    the next write that moves it to new storage, once the caller has dropped ``view`` (a
+    write copies first while a view may exist). This is how Python code runs inside a
+    write that makes storage: the compiled core allocates nothing there that could start
+    a collection. Returns a dict: "ran"."""
     state = {"ran": False}
 
     def callback(_):
@@ -500,22 +501,24 @@ class Converts:
     (3, lambda batch, requests: batch.clear(), [-1, -1, -1, -1], [0, 0, 0, 0]),
     (2, lambda batch, requests: batch.append(batch[0]), None, None),
 ], ids=["grown", "cleared", "duplicated"])
+@pytest.mark.parametrize("holder", ["out", "no out, block size"])
 def test_a_list_of_requests_is_read_after_the_conversions_that_can_change_it(backend, given, change, request_ids,
-                                                                           input_ids):
+                                                                           input_ids, holder):
     """A batch-size conversion changes the list of requests the call was given (its first
     ``given`` of three): both backends read the list as that left it (request r's last
-    token is 3 + r; the batch padded to 4)."""
+    token is 3 + r; the batch padded to 4), into a holder or into arrays the call makes
+    (with a block size, which plans the batch twice)."""
     requests = decode_requests(backend, 3)
     for number, request in enumerate(requests):
         request.add_new_token(3 + number)
     batch = requests[:given]
-    out = HostBuffers(16, 8)
+    where = {"out": HostBuffers(16, 8)} if holder == "out" else {"block_size": 16}
     convert = Converts(lambda: change(batch, requests))
     if request_ids is None:
         with pytest.raises(ValueError, match="request 0 is given twice in the batch"):
-            prepare_inputs([], batch, out=out, cuda_graph_batch_sizes=[convert])
+            prepare_inputs([], batch, cuda_graph_batch_sizes=[convert], **where)
         return
-    prepared = prepare_inputs([], batch, out=out, cuda_graph_batch_sizes=[convert])
+    prepared = prepare_inputs([], batch, cuda_graph_batch_sizes=[convert], **where)
     assert prepared.request_ids.tolist() == request_ids and prepared.input_ids.tolist() == input_ids
 
 

@@ -484,7 +484,11 @@ def test_a_manager_report_cannot_be_resized_under_its_rows(backend):
         root.resize(10**6, refcheck=False)  # even without numpy's reference check
     assert data.new_tokens == [30]
     del data, output
-    root.resize(10**6, refcheck=False)  # the rows are gone: nothing guards it any more
+    if backend.__name__ == "tokcy._core":  # a view of the manager's memory, which numpy frees never
+        with pytest.raises(ValueError, match="cannot resize"):
+            root.resize(10**6, refcheck=False)
+    else:  # the rows are gone: nothing guards it any more
+        root.resize(10**6, refcheck=False)
 
 
 def test_a_collection_while_the_rows_are_made_sees_no_half_filled_list(backend):

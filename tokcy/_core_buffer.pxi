@@ -15,10 +15,12 @@ cdef Py_ssize_t MIN_CAPACITY = 16
 @cython.final
 @cython.no_gc  # holds a bytearray only (no cycle), and hands it to no one through gc.get_referents
 cdef class Storage:
-    """The memory of a buffer's entries: a bytearray, and a buffer export of it held in C
-    for as long as this lives, so nothing can resize the bytearray and free the memory
-    under ``data``. It has no method: unlike a memoryview, which the garbage collector's
-    introspection hands out, it cannot be released from Python."""
+    """Memory the compiled core writes (a buffer's entries, the connector's report arrays):
+    a bytearray, and a buffer export of it held in C for as long as this lives, so nothing
+    can resize the bytearray and free the memory. It has no method: unlike a memoryview,
+    which the garbage collector's introspection hands out, it cannot be released from
+    Python. The numpy arrays shown over it do not own it: neither their ``resize`` nor
+    their ``__setstate__`` can free it."""
     cdef object bytes_owner
     cdef Py_buffer export
 
@@ -32,8 +34,13 @@ cdef Storage new_storage(Py_ssize_t capacity):
     bytearray, so no numpy array that a caller can reach owns that memory (numpy's
     ``resize(refcheck=False)`` and ``__setstate__`` ignore exports). No Python code runs
     here: neither object is tracked by the garbage collector, so no collection starts."""
+    return new_byte_storage(capacity * sizeof(int32_t))
+
+
+cdef Storage new_byte_storage(Py_ssize_t num_bytes):
+    """A Storage of ``num_bytes`` bytes (not initialised; see new_storage)."""
     cdef Storage storage = Storage.__new__(Storage)
-    owner = PyByteArray_FromStringAndSize(NULL, capacity * sizeof(int32_t))
+    owner = PyByteArray_FromStringAndSize(NULL, num_bytes)
     PyObject_GetBuffer(owner, &storage.export, PyBUF_WRITABLE)
     storage.bytes_owner = owner
     return storage
@@ -123,8 +130,9 @@ cdef class Int32Buffer:
         """Make positions [start, new_size) writable without changing any view (the
         values stay as they are, so no change mark moves: a writer lowers them itself).
 
-        Python code can run in here (releasing the old storage can call a weakref callback;
-        making the new one runs none), and that code can change this buffer. So
+        Python code can run in here (dropping the old storage's read-only array, which a
+        caller's view was sliced from, can call a weakref callback; making the new storage
+        runs none), and that code can change this buffer. So
         this only makes progress: a caller checks its condition again on return and calls
         again until it holds, then writes with no Python code in between (append, extend,
         set, release)."""

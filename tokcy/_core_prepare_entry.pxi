@@ -50,13 +50,15 @@ def prepare_inputs(context_requests=MISSING, generation_requests=MISSING, *more_
     if (two_positional and type(out) is HOST_BUFFERS and type(max_draft_len) is int and max_draft_len >= 0
             and BACKEND_CHOICE.module is THIS_MODULE):
         found = out._writers.get(THIS_MODULE)  # HostBuffers.writer()'s cache, without its call
-        sizes = metadata = None
+        sizes = metadata = meta = None
         if type(found) is InputWriter and (block_size is not None or block_sizes is not None):
-            # a holder's metadata is fixed, and HostBuffers.writer() bound its writer to it
-            # (none: the Python function says so). Checked before the block sizes are
-            # converted, so that a call handed on gets them unread.
+            # the holder's metadata (read-only) and its writer from MetadataBuffers.bound()'s
+            # cache, which HostBuffers.writer() filled (none: the Python function says so);
+            # looked up before the block sizes are converted, so that a call handed on gets
+            # them unread
             metadata = out._metadata
-            if metadata is not None and (<InputWriter>found)._metadata is not None:
+            meta = None if metadata is None else metadata._writers.get(THIS_MODULE)
+            if type(meta) is AttentionMetadata:
                 sizes = plain_block_sizes(block_size, block_sizes)
                 if sizes is None:  # anything else: the Python check's tuple, or its error
                     sizes = BLOCK_SIZES_ARG(block_size, block_sizes)
@@ -75,8 +77,8 @@ def prepare_inputs(context_requests=MISSING, generation_requests=MISSING, *more_
             prepared._counts = counts
             prepared._metadata = None
             prepared._views = [None] * len(arrays)
-            if sizes is not None:  # the results of the metadata writer that wrote them
-                prepared._set_metadata(metadata, writer._metadata.results(), sizes)
+            if sizes is not None:
+                prepared._set_metadata(metadata, (<AttentionMetadata>meta).results(), sizes)
             return prepared
     if PYTHON_PREPARE_INPUTS is None:
         raise RuntimeError("tokcy._core._prepare_inputs is not bound: call tokcy.executor.prepare_inputs")

@@ -420,12 +420,12 @@ cdef class ReportState:
                 if not claimed:
                     if num_direct:
                         # keep the arrays the direct rows were written into until their entries
-                        # are copied into the new ones (a rare path: a small array or a shrink),
-                        # held in C: a Python container would be found by a gc callback that
-                        # the allocation runs, and the arrays resized under the copy
-                        self._hold(arena.int64_array)
-                        self._hold(arena.int32_array)
-                        self._hold(arena.bool_array)
+                        # are copied into the new ones (a rare path: a small array or a shrink):
+                        # the memory they were written into, which the allocation replaces in
+                        # the arena, held in C (nothing a gc callback can find or free)
+                        self._hold(arena.int64_memory)
+                        self._hold(arena.int32_memory)
+                        self._hold(arena.bool_memory)
                     arena.allocate(int64_entries(batch, total_segments), total_tokens + total_blocks, batch)
                     if num_direct:
                         move_direct_rows(arena, &direct, batch, total_tokens)
@@ -454,6 +454,7 @@ cdef class ReportState:
         finally:
             self._release_held()
             self.busy = False
+        arena.settle()
         return num_context, arena.columns(batch, total_segments, total_tokens, total_blocks)
 
     def record_matched_tokens(self, request_id, num_tokens):

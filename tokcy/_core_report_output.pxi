@@ -14,10 +14,11 @@
 # or, where those cannot be trusted, numpy's buffer export, which may run Python code when
 # it refuses); after the plan only sizes are compared, in C, so a report
 # into kept arrays runs no Python code from its first read of a request to its last write.
-# The arena holds a weak reference to each of its arrays, so numpy refuses to resize one
-# even with refcheck=False: an array revived after the check through a weak reference of
-# the caller's (from another thread, while the copy runs without the GIL) shows the report
-# being written, never freed memory.
+# Each array is a numpy view of memory the arena owns (a Storage, held by the arena and by
+# every report written into it): numpy frees no memory it does not own, so no resize or
+# __setstate__ of an array (reached through a column's base, or revived through a weak
+# reference from another thread while the copy runs without the GIL) frees the memory
+# under the copy, and the check before each report confirms that the array still shows it.
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release
 
@@ -101,6 +102,7 @@ cdef class ReportColumns:
     cdef object int64_array
     cdef object int32_array
     cdef object bool_array
+    cdef tuple memory                  # the Storage each array shows (kept as long as the report)
     cdef Py_ssize_t batch
     cdef Py_ssize_t num_segments
     cdef Py_ssize_t num_tokens
@@ -320,8 +322,30 @@ cdef void* reusable_data(PyObject* array, object dtype, Py_ssize_t itemsize, cha
     return data_by_export(array, itemsize, format_code, capacity)
 
 
+cdef inline void shows_own_memory(ArenaArray* slot, Storage memory, Py_ssize_t itemsize) noexcept:
+    """Keep ``slot`` (reusable_data's finding) only if its array still shows ``memory``, all
+    of it being there (a caller's ``__setstate__`` gives an array memory of its own)."""
+    if slot.data != NULL and (memory is None or slot.data != memory.export.buf
+                              or slot.capacity * itemsize > memory.export.len):
+        slot.data = NULL
+        slot.capacity = 0
+
+
+cdef object shown(object array, Storage memory, object dtype, Py_ssize_t itemsize, char format_code):
+    """``array`` if it still shows all of ``memory``, else a new view of it."""
+    cdef Py_ssize_t capacity = 0
+    cdef void* data
+    if READ_ARRAY_FIELDS:
+        data = data_by_fields(<PyObject*>array, dtype, itemsize, &capacity)
+    else:
+        data = data_by_export(<PyObject*>array, itemsize, format_code, &capacity)
+    if data == memory.export.buf and capacity * itemsize == memory.export.len:
+        return array
+    return np.frombuffer(memory.bytes_owner, dtype=dtype)
+
+
 @cython.final
-@cython.no_gc  # holds numpy arrays only (no cycle), and hands them to no one through gc.get_referents
+@cython.no_gc  # holds numpy arrays and Storages only (no cycle), and hands them to no one through gc.get_referents
 cdef class OutputArena:
     """The three arrays a ReportState writes its reports into (see the top of this file)."""
 
@@ -332,7 +356,9 @@ cdef class OutputArena:
     cdef ArenaArray narrow
     cdef ArenaArray flags
     cdef Py_ssize_t num_allocations    # arrays allocated so far (a counter for tests)
-    cdef object resize_guards          # a weak reference to each of the three arrays (see the top)
+    cdef Storage int64_memory          # what each array shows (see the top)
+    cdef Storage int32_memory
+    cdef Storage bool_memory
 
     cdef void inspect(self) noexcept:
         """Before a report's plan: find which kept arrays may be written (see
@@ -341,6 +367,9 @@ cdef class OutputArena:
         self.wide.data = reusable_data(<PyObject*>self.int64_array, INT64_DTYPE, 8, b"i"[0], &self.wide.capacity)
         self.narrow.data = reusable_data(<PyObject*>self.int32_array, INT32_DTYPE, 4, b"i"[0], &self.narrow.capacity)
         self.flags.data = reusable_data(<PyObject*>self.bool_array, BOOL_DTYPE, 1, b"?"[0], &self.flags.capacity)
+        shows_own_memory(&self.wide, self.int64_memory, 8)
+        shows_own_memory(&self.narrow, self.int32_memory, 4)
+        shows_own_memory(&self.flags, self.bool_memory, 1)
 
     cdef bint claim(self, Py_ssize_t num_wide, Py_ssize_t num_narrow, Py_ssize_t num_flags) noexcept nogil:
         """After the plan: keep each array ``inspect`` found if it is large enough and not
@@ -355,23 +384,34 @@ cdef class OutputArena:
         """Replace every array ``claim`` did not keep (this may run Python code: the
         garbage collector). The replaced arrays stay with whoever holds them."""
         if self.wide.data == NULL:
-            self.int64_array = self._new(&self.wide, INT64_DTYPE, 8, b"i"[0], num_wide)
+            self.int64_memory = self._new(&self.wide, 8, num_wide)
+            self.int64_array = np.frombuffer(self.int64_memory.bytes_owner, dtype=INT64_DTYPE)
         if self.narrow.data == NULL:
-            self.int32_array = self._new(&self.narrow, INT32_DTYPE, 4, b"i"[0], num_narrow)
+            self.int32_memory = self._new(&self.narrow, 4, num_narrow)
+            self.int32_array = np.frombuffer(self.int32_memory.bytes_owner, dtype=INT32_DTYPE)
         if self.flags.data == NULL:
-            self.bool_array = self._new(&self.flags, BOOL_DTYPE, 1, b"?"[0], num_flags)
-        self.resize_guards = _invariants.resize_guards((self.int64_array, self.int32_array, self.bool_array))
+            self.bool_memory = self._new(&self.flags, 1, num_flags)
+            self.bool_array = np.frombuffer(self.bool_memory.bytes_owner, dtype=BOOL_DTYPE)
         return 0
 
-    cdef object _new(self, ArenaArray* slot, object dtype, Py_ssize_t itemsize, char code, Py_ssize_t needed):
-        array = np.empty(grown_capacity(0, needed + needed // 4), dtype=dtype)
-        slot.data = NULL
-        if reference_count(<PyObject*>array) == 1:  # a fresh array: held by this frame alone
-            slot.data = reusable_data(<PyObject*>array, dtype, itemsize, code, &slot.capacity)
-        if slot.data == NULL or slot.capacity < needed:  # never: a fresh array fits; never write through NULL
-            raise MemoryError("a report's output array could not be set up")
+    cdef int settle(self) except -1:
+        """After a copy: an array that no longer shows the memory written (a caller's
+        ``__setstate__`` from another thread while the copy ran) gives way to a new view
+        of that memory, so the report shows what was written (this may run Python code)."""
+        self.int64_array = shown(self.int64_array, self.int64_memory, INT64_DTYPE, 8, b"i"[0])
+        self.int32_array = shown(self.int32_array, self.int32_memory, INT32_DTYPE, 4, b"i"[0])
+        self.bool_array = shown(self.bool_array, self.bool_memory, BOOL_DTYPE, 1, b"?"[0])
+        return 0
+
+    cdef Storage _new(self, ArenaArray* slot, Py_ssize_t itemsize, Py_ssize_t needed):
+        """The arena's own memory for ``needed`` entries and a quarter more; ``slot`` points
+        into it (what the copy writes is this memory, whichever array shows it)."""
+        cdef Py_ssize_t count = grown_capacity(0, needed + needed // 4)
+        cdef Storage memory = new_byte_storage(count * itemsize)
+        slot.data = memory.export.buf
+        slot.capacity = count
         self.num_allocations += 1
-        return array
+        return memory
 
     cdef ReportColumns columns(self, Py_ssize_t batch, Py_ssize_t num_segments, Py_ssize_t num_tokens,
                                Py_ssize_t num_blocks):
@@ -380,6 +420,7 @@ cdef class OutputArena:
         columns.int64_array = self.int64_array
         columns.int32_array = self.int32_array
         columns.bool_array = self.bool_array
+        columns.memory = (self.int64_memory, self.int32_memory, self.bool_memory)
         columns.batch = batch
         columns.num_segments = num_segments
         columns.num_tokens = num_tokens

@@ -7,8 +7,10 @@
 # column it reads, so no column is freed under it, and nothing it holds can lead back to
 # a row (no cycle, hence no need of the collector):
 # - a manager's report: the three arrays the manager wrote (exact arrays, no attributes).
-#   Their reference counts keep the manager from reusing them while a row lives, and a
-#   weak reference to each keeps numpy from resizing one even with refcheck=False. Whoever
+#   Their reference counts keep the manager from reusing them while a row lives, and the
+#   memory they show is the arena's Storages, which the row holds too: numpy frees none of
+#   it (no resize or __setstate__ of an array can), so no export is left pointing at freed
+#   memory. Whoever
 #   holds a column can still write into it, so every read checks each offset it follows
 #   against the length of the column it indexes before it reads there.
 # - an output made by hand: a private copy of each column, made and checked when the
@@ -19,7 +21,6 @@ from cpython.ref cimport Py_INCREF
 
 from tokcy import _request_data
 
-import weakref
 
 cdef extern from "Python.h":
     object PyLong_FromLong(long value)
@@ -62,7 +63,7 @@ cdef class RowColumns:
 
     cdef Py_buffer views[12]
     cdef int num_views
-    cdef tuple resize_guards   # weak references to a manager's arrays: numpy resizes none of them
+    cdef tuple report_memory   # a manager's report: the Storages its arrays show (see the top)
     cdef const int64_t* request_ids
     cdef const unsigned char* is_new
     cdef const int64_t* positions
@@ -137,8 +138,7 @@ cdef class RowColumns:
         """Export a manager's report: its three arrays, the columns at ``arrays()``' places."""
         cdef Py_ssize_t b = report.batch, s = report.num_segments, num_wide, num_narrow, num_flags
         cdef WideLayout at = wide_layout(b, s)
-        self.resize_guards = (weakref.ref(report.int64_array), weakref.ref(report.int32_array),
-                              weakref.ref(report.bool_array))  # first: nothing resizes them from here on
+        self.report_memory = report.memory  # first: nothing frees the memory they show from here on
         cdef const int64_t* wide = <const int64_t*>self.export(report.int64_array, 8, b"i"[0], &num_wide)
         cdef const int32_t* narrow = <const int32_t*>self.export(report.int32_array, 4, b"i"[0], &num_narrow)
         self.is_new = <const unsigned char*>self.export(report.bool_array, 1, b"?"[0], &num_flags)

@@ -10,6 +10,7 @@ import operator
 import numpy as np
 
 from tokcy import _backend
+from tokcy._prepare_checks import owned_batch_sizes
 from tokcy.executor._metadata import (
     METADATA_FIELDS,
     MetadataBuffers,
@@ -300,10 +301,14 @@ def prepare_inputs(context_requests, generation_requests, *, first_draft_request
     sizes_per_group = None if block_size is None and block_sizes is None else block_sizes_arg(block_size, block_sizes)
     module = _backend.module
     if out is None:
-        if sizes_per_group is not None:  # planned twice below
+        if sizes_per_group is not None:  # planned twice below: each plan reads what the first read
+            # (as a writer's plan orders it: the groups that are not lists or tuples iterated,
+            # then the batch sizes converted; the lists given are read after both)
+            groups = [group if type(group) in (list, tuple) else tuple(group) for group in
+                      (context_requests, generation_requests, first_draft_requests, device_token_requests)]
+            cuda_graph_batch_sizes = owned_batch_sizes(cuda_graph_batch_sizes)
             context_requests, generation_requests, first_draft_requests, device_token_requests = (
-                tuple(group) for group in (context_requests, generation_requests, first_draft_requests,
-                                           device_token_requests))
+                tuple(group) for group in groups)
         writer = module.InputWriter()
         num_tokens, num_gather, padded, num_drafts, num_draft_requests, num_device = writer.plan(
             context_requests, generation_requests, first_draft_requests, device_token_requests, max_draft_len,
