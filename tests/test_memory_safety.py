@@ -478,3 +478,28 @@ def test_15_nothing_a_caller_can_reach_frees_the_memory_a_buffer_writes(backend)
     del churn
     assert request.get_tokens(0) == list(range(1000)) + [5]
     assert request.block_tables[0].tolist() == list(range(100)) + [7]
+
+
+@pytest.mark.parametrize("holder", ["HostBuffers", "MetadataBuffers"])
+def test_16_an_output_array_given_other_memory_does_not_free_what_its_writer_writes(backend, holder):
+    """``__setstate__`` gives a numpy array new memory and frees the old if the array owned
+    it, whatever exports or weak references exist. A holder's own arrays lie in memory the
+    compiled core owns, which its writers keep: the next call still writes there (not into
+    freed memory, which zeroed bytearrays allocated meanwhile would take). The holder then
+    shows the replaced array, so its result is the caller's to discard (the twin, which
+    writes through the arrays, may refuse the call)."""
+    request = backend.Request(1, list(range(3000)))
+    request.block_tables[0].extend(range(200))
+    request.context_chunk_size = 3000
+    out = HostBuffers(4096, 8, max_blocks_per_seq=256)
+    prepare_inputs([request], [], out=out, block_size=16)
+    target = out.input_ids if holder == "HostBuffers" else out.metadata.slot_mapping[0]
+    target.__setstate__((1, (1,), target.dtype, False, bytes(target.dtype.itemsize)))
+    churn = [bytearray(target.dtype.itemsize * 4096) for _ in range(64)]  # would take the freed memory
+    try:
+        prepare_inputs([request], [], out=out, block_size=16)
+    except ValueError:
+        assert backend.__name__ == "tokcy._pure"  # its write into the 1-entry array
+    assert not any(any(block) for block in churn)
+    fresh = prepare_inputs([request], [], out=HostBuffers(4096, 8, max_blocks_per_seq=256), block_size=16)
+    assert fresh.input_ids.tolist() == list(range(3000)) and fresh.slot_mapping[-1] == 2999

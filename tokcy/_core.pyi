@@ -17,6 +17,9 @@ from tokcy.connector.output import RequestData as _DocumentedRequestData
 # token or block ids: a sequence of ints or an integer numpy array (checked to fit int32)
 _TokenIds: TypeAlias = Sequence[SupportsIndex] | npt.NDArray[np.integer]
 
+def zeroed_memory(num_bytes: int) -> Any:
+    """Zeroed memory the compiled core owns, for numpy arrays writers are bound to."""
+
 @disjoint_base
 class BlockTable:
     """Growable int32 list of the KV-cache block ids assigned to one request.

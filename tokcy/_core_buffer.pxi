@@ -5,11 +5,13 @@
 # and table_dirty_from with table_stamp (the device block table's); see
 # docs/change-tracking.md.
 
-from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.string cimport memset
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
 from cpython.memoryview cimport PyMemoryView_FromObject
 
 cdef Py_ssize_t MIN_CAPACITY = 16
+cdef char* BYTE_FORMAT = b"B"  # a Storage's buffer format: unsigned bytes
 
 
 @cython.final
@@ -28,6 +30,30 @@ cdef class Storage:
         if self.bytes_owner is not None:
             PyBuffer_Release(&self.export)
 
+    def __getbuffer__(self, Py_buffer* buffer, int flags):
+        # the bytes, writable, with this Storage as their owner: a numpy array made over it
+        # leads back here through its bases, so a writer bound to the array keeps it
+        buffer.buf = self.export.buf
+        buffer.len = self.export.len
+        buffer.readonly = 0
+        buffer.itemsize = 1
+        buffer.format = NULL
+        if flags & PyBUF_FORMAT:
+            buffer.format = BYTE_FORMAT
+        buffer.ndim = 1
+        buffer.shape = NULL
+        if (flags & PyBUF_ND) == PyBUF_ND:
+            buffer.shape = &self.export.len
+        buffer.strides = NULL
+        if (flags & PyBUF_STRIDES) == PyBUF_STRIDES:
+            buffer.strides = &buffer.itemsize
+        buffer.suboffsets = NULL
+        buffer.internal = NULL
+        buffer.obj = self
+
+    def __releasebuffer__(self, Py_buffer* buffer):
+        pass
+
 
 cdef Storage new_storage(Py_ssize_t capacity):
     """Storage for ``capacity`` int32 entries (not initialised). Views are made from its
@@ -44,6 +70,19 @@ cdef Storage new_byte_storage(Py_ssize_t num_bytes):
     PyObject_GetBuffer(owner, &storage.export, PyBUF_WRITABLE)
     storage.bytes_owner = owner
     return storage
+
+
+def zeroed_memory(Py_ssize_t num_bytes):
+    """``num_bytes`` zeroed bytes of memory the compiled core owns (a Storage), for numpy
+    arrays that writers are bound to (``np.frombuffer(zeroed_memory(n), dtype)``): numpy
+    frees no memory an array does not own, so neither ``resize`` nor ``__setstate__`` of
+    such an array frees what a writer writes, and a writer bound to one keeps its Storage."""
+    if num_bytes < 0:
+        raise ValueError(f"num_bytes must be >= 0, got {num_bytes}")
+    cdef Storage memory = new_byte_storage(num_bytes)
+    if num_bytes:
+        memset(memory.export.buf, 0, num_bytes)
+    return memory
 
 
 cdef inline int32_t* storage_data(object storage) noexcept:

@@ -188,8 +188,10 @@ def resize_guards(arrays):
     """Weak references to each numpy array in ``arrays`` (None entries skipped) and to every
     numpy array its memory comes from (its bases): numpy refuses to resize an array that
     has a weak reference, even with ``refcheck=False``, which otherwise frees the memory
-    under a writer's pointers whatever buffer exports are alive. Kept by the writer as
-    long as it keeps the pointers."""
+    under a writer's pointers whatever buffer exports are alive. And a strong reference to
+    what owns that memory when it is no numpy array (the compiled core's memory, behind
+    the holders' own arrays), which then outlives any ``__setstate__`` of the arrays. Kept
+    by the writer as long as it keeps the pointers."""
     guards = []
     for array in arrays:
         while isinstance(array, np.ndarray):
@@ -197,6 +199,8 @@ def resize_guards(arrays):
             array = array.base
             if isinstance(array, memoryview):
                 array = array.obj
+        if array is not None:
+            guards.append(array)
     return tuple(guards)
 
 

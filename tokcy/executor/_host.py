@@ -19,6 +19,7 @@ from tokcy.executor._metadata import (
     attach,
     block_sizes_arg,
 )
+from tokcy.executor._memory import zeros
 from tokcy.executor._read_only import read_only
 
 #: The array attributes of ``PreparedInputs``, in the order ``InputWriter.bind`` takes them.
@@ -201,7 +202,7 @@ class HostBuffers:
                                        _count(num_layer_groups, "num_layer_groups", 1))
         arrays = capacity_lengths(max_num_tokens, max_batch_size, max_draft_len)
         arrays = {
-            name: np.zeros(size, dtype=np.int64 if name == "request_ids" else np.int32) for name, size in arrays.items()
+            name: zeros(size, np.int64 if name == "request_ids" else np.int32) for name, size in arrays.items()
         }
         self._setup(arrays, max_draft_len, max_beam_width, metadata)
 

@@ -11,6 +11,7 @@ import operator
 import numpy as np
 
 from tokcy import _backend
+from tokcy.executor._memory import zeros
 from tokcy.executor._read_only import read_only
 
 #: Per-batch metadata attributes of ``PreparedInputs`` / ``DeviceInputs`` (group 0's
@@ -72,12 +73,12 @@ class MetadataBuffers:
 
     def __init__(self, max_num_tokens, max_batch_size, max_blocks_per_seq, num_layer_groups=1):
         groups = range(num_layer_groups)
-        self._adopt(max_blocks_per_seq, np.zeros(max_batch_size, np.int32), np.zeros(max_batch_size + 1, np.int32),
-                    [np.zeros(max_num_tokens, np.int64) for _ in groups],
-                    [np.zeros(max_batch_size + 1, np.int32) for _ in groups],
-                    [np.zeros(max_batch_size, np.int32) for _ in groups],
-                    [np.zeros((max_batch_size, max_blocks_per_seq), np.int32) for _ in groups],
-                    [np.zeros(max_batch_size * max_blocks_per_seq, np.int32) for _ in groups])
+        self._adopt(max_blocks_per_seq, zeros(max_batch_size, np.int32), zeros(max_batch_size + 1, np.int32),
+                    [zeros(max_num_tokens, np.int64) for _ in groups],
+                    [zeros(max_batch_size + 1, np.int32) for _ in groups],
+                    [zeros(max_batch_size, np.int32) for _ in groups],
+                    [zeros((max_batch_size, max_blocks_per_seq), np.int32) for _ in groups],
+                    [zeros(max_batch_size * max_blocks_per_seq, np.int32) for _ in groups])
 
     @classmethod
     def from_arrays(cls, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
