@@ -102,7 +102,9 @@ cdef class ReportColumns:
     cdef object int64_array
     cdef object int32_array
     cdef object bool_array
-    cdef tuple memory                  # the Storage each array shows (kept as long as the report)
+    cdef Storage int64_memory          # the Storage each array shows (kept as long as the report)
+    cdef Storage int32_memory
+    cdef Storage bool_memory
     cdef Py_ssize_t batch
     cdef Py_ssize_t num_segments
     cdef Py_ssize_t num_tokens
@@ -420,7 +422,9 @@ cdef class OutputArena:
         columns.int64_array = self.int64_array
         columns.int32_array = self.int32_array
         columns.bool_array = self.bool_array
-        columns.memory = (self.int64_memory, self.int32_memory, self.bool_memory)
+        columns.int64_memory = self.int64_memory
+        columns.int32_memory = self.int32_memory
+        columns.bool_memory = self.bool_memory
         columns.batch = batch
         columns.num_segments = num_segments
         columns.num_tokens = num_tokens

@@ -56,14 +56,14 @@ cdef inline list checked_int32_list(const int32_t* values, Py_ssize_t length, in
 
 
 @cython.final
-@cython.no_gc  # holds exports of arrays without attributes only (see the top of this file)
+@cython.no_gc  # holds exports of arrays without attributes, and their report, only (see the top of this file)
 @cython.auto_pickle(False)
 cdef class RowColumns:
     """The columns of one report, as buffer exports its rows read through."""
 
     cdef Py_buffer views[12]
     cdef int num_views
-    cdef tuple report_memory   # a manager's report: the Storages its arrays show (see the top)
+    cdef object report         # a manager's report: it keeps the Storages its arrays show (see the top)
     cdef const int64_t* request_ids
     cdef const unsigned char* is_new
     cdef const int64_t* positions
@@ -138,7 +138,7 @@ cdef class RowColumns:
         """Export a manager's report: its three arrays, the columns at ``arrays()``' places."""
         cdef Py_ssize_t b = report.batch, s = report.num_segments, num_wide, num_narrow, num_flags
         cdef WideLayout at = wide_layout(b, s)
-        self.report_memory = report.memory  # first: nothing frees the memory they show from here on
+        self.report = report  # first: nothing frees the memory they show from here on
         cdef const int64_t* wide = <const int64_t*>self.export(report.int64_array, 8, b"i"[0], &num_wide)
         cdef const int32_t* narrow = <const int32_t*>self.export(report.int32_array, 4, b"i"[0], &num_narrow)
         self.is_new = <const unsigned char*>self.export(report.bool_array, 1, b"?"[0], &num_flags)
