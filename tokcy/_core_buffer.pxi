@@ -85,6 +85,12 @@ def zeroed_memory(Py_ssize_t num_bytes):
     return memory
 
 
+cdef object storage_array(Storage memory, object dtype):
+    """A numpy array of ``dtype`` over all of ``memory``, leading back to it through its
+    bases (so whoever holds the array keeps the memory), and not owning it."""
+    return np.frombuffer(memory, dtype=dtype)
+
+
 cdef inline int32_t* storage_data(object storage) noexcept:
     return <int32_t*>(<Storage>storage).export.buf
 

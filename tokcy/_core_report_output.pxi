@@ -343,7 +343,7 @@ cdef object shown(object array, Storage memory, object dtype, Py_ssize_t itemsiz
         data = data_by_export(<PyObject*>array, itemsize, format_code, &capacity)
     if data == memory.export.buf and capacity * itemsize == memory.export.len:
         return array
-    return np.frombuffer(memory.bytes_owner, dtype=dtype)
+    return storage_array(memory, dtype)
 
 
 @cython.final
@@ -387,13 +387,13 @@ cdef class OutputArena:
         garbage collector). The replaced arrays stay with whoever holds them."""
         if self.wide.data == NULL:
             self.int64_memory = self._new(&self.wide, 8, num_wide)
-            self.int64_array = np.frombuffer(self.int64_memory.bytes_owner, dtype=INT64_DTYPE)
+            self.int64_array = storage_array(self.int64_memory, INT64_DTYPE)
         if self.narrow.data == NULL:
             self.int32_memory = self._new(&self.narrow, 4, num_narrow)
-            self.int32_array = np.frombuffer(self.int32_memory.bytes_owner, dtype=INT32_DTYPE)
+            self.int32_array = storage_array(self.int32_memory, INT32_DTYPE)
         if self.flags.data == NULL:
             self.bool_memory = self._new(&self.flags, 1, num_flags)
-            self.bool_array = np.frombuffer(self.bool_memory.bytes_owner, dtype=BOOL_DTYPE)
+            self.bool_array = storage_array(self.bool_memory, BOOL_DTYPE)
         return 0
 
     cdef int settle(self) except -1:

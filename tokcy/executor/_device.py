@@ -137,15 +137,7 @@ def _device_array_property(index, name):
     return property(read, doc=f"``{name}``: a view of the device tensor, exactly the used length.")
 
 
-def _device_count_property(index, name):
-    def read(self):
-        return self._counts[index]
-
-    read.__name__ = name
-    return property(read, doc=f"``{name}`` (an int, the host's).")
-
-
-_install_fields(DeviceInputs, _device_array_property, _device_count_property)
+_install_fields(DeviceInputs, _device_array_property, "an int, the host's")
 
 
 class InputPreparer:

@@ -5,13 +5,13 @@ import torch
 
 from tokcy._core import Request
 from tokcy.executor._device_table import DeviceBlockTable
-from tokcy.executor._host import PreparedInputs
+from tokcy.executor._host import PreparedInputs, _Counts
 from tokcy.executor._metadata import LayerGroupInputs
 
 # block_table / kv_indices are None for a table the preparer does not gather (device_tables)
 _DeviceGroup: TypeAlias = LayerGroupInputs[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
-class DeviceInputs:
+class DeviceInputs(_Counts):
     @property
     def host(self) -> PreparedInputs: ...
     @property
@@ -36,20 +36,6 @@ class DeviceInputs:
     def draft_lens(self) -> torch.Tensor: ...
     @property
     def device_token_slots(self) -> torch.Tensor: ...
-    @property
-    def num_context_requests(self) -> int: ...
-    @property
-    def num_context_tokens(self) -> int: ...
-    @property
-    def num_generation_tokens(self) -> int: ...
-    @property
-    def num_tokens(self) -> int: ...
-    @property
-    def num_sequences(self) -> int: ...
-    @property
-    def padded_batch_size(self) -> int: ...
-    @property
-    def device_token_row_start(self) -> int: ...
     # attention metadata (device views): None when the preparer has no block size
     @property
     def kv_lens(self) -> torch.Tensor | None: ...

@@ -151,27 +151,28 @@ def _array_property(index, name):
     return property(read, doc=f"``{name}``: a numpy view of exactly the used length (made on first read).")
 
 
-def _count_property(index, name):
+def _count_property(index, name, what):
     def read(self):
         return self._counts[index]
 
     read.__name__ = name
-    return property(read, doc=f"``{name}`` (an int).")
+    return property(read, doc=f"``{name}`` ({what}).")
 
 
-def _install_fields(cls, array_property, count_property):
+def _install_fields(cls, array_property, count_is):
     """Give an inputs class (``PreparedInputs``, ``DeviceInputs``) its read-only fields:
-    ``array_property(index, name)`` per array, ``count_property(index, name)`` per count
-    (``ARRAY_FIELDS`` / ``COUNT_FIELDS`` order) and the metadata's properties."""
+    ``array_property(index, name)`` per array, per count a property reading
+    ``self._counts[index]`` (documented as ``count_is``), in ``ARRAY_FIELDS`` /
+    ``COUNT_FIELDS`` order, and the metadata's properties."""
     for index, name in enumerate(ARRAY_FIELDS):
         setattr(cls, name, array_property(index, name))
     for index, name in enumerate(COUNT_FIELDS):
-        setattr(cls, name, count_property(index, name))
+        setattr(cls, name, _count_property(index, name, count_is))
     for name in METADATA_FIELDS:
         setattr(cls, name, _metadata_property(name))
 
 
-_install_fields(PreparedInputs, _array_property, _count_property)
+_install_fields(PreparedInputs, _array_property, "an int")
 
 
 HOST_BUFFER_FIELDS = ("arrays", "max_num_tokens", "max_batch_size", "max_draft_len", "max_beam_width", "metadata")

@@ -44,7 +44,8 @@ class _ArraysByName:
     @property
     def device_token_slots(self) -> npt.NDArray[np.int32]: ...
 
-class PreparedInputs(_ArraysByName):
+# The COUNT_FIELDS of a PreparedInputs and a DeviceInputs (stub only, as above).
+class _Counts:
     @property
     def num_context_requests(self) -> int: ...
     @property
@@ -59,6 +60,8 @@ class PreparedInputs(_ArraysByName):
     def padded_batch_size(self) -> int: ...
     @property
     def device_token_row_start(self) -> int: ...
+
+class PreparedInputs(_ArraysByName, _Counts):
     # attention metadata: None when the call gave no block size
     @property
     def kv_lens(self) -> npt.NDArray[np.int32] | None: ...
