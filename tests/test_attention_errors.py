@@ -126,20 +126,53 @@ def test_preparer_device_tables_need_a_block_size_and_read_in_order(backend):
     assert made == {None: ("dense", "csr"), "csr": ("csr",), ("csr", "dense", "csr"): ("dense", "csr"), (): ()}
 
 
-def test_a_failure_after_the_host_pass_resends_the_tables(backend):
-    """The host pass consumed the tables' changes, then the call failed (a device-token
-    slot past previous_new_tokens): the next call sends those tables whole."""
-    preparer = InputPreparer(16, 4, block_size=4, max_blocks_per_seq=4, max_slots=8)
+def test_a_device_slot_past_previous_new_tokens_changes_nothing(backend):
+    """A device-token request whose seq_slot is past previous_new_tokens is refused in the
+    host pass (naming the request): no request's change marks consumed, nothing staged,
+    so with one staging buffer the previous step's host inputs still read as they were,
+    and the next call sends the change it did not consume."""
+    preparer = InputPreparer(16, 4, block_size=4, max_blocks_per_seq=4, max_slots=8, num_staging_buffers=1)
     decode = request(backend, 1, 5, [1, 2], slot=0)
     waiting = request(backend, 2, 3, [3], slot=6)
-    preparer.prepare([], [decode])
+    previous = preparer.prepare([], [decode])
     decode.block_tables[0].append(9)
-    with pytest.raises(ValueError, match="out of range for previous_new_tokens"):
+    states = [pickle.dumps(item) for item in (decode, waiting)]
+    staged = [buffer.clone() for buffer in preparer._staging]
+    with pytest.raises(ValueError, match="^request 2 in device_token_requests: seq_slot 6 is out of range for "
+                                         "previous_new_tokens of 4 slots$"):
         preparer.prepare([], [decode], device_token_requests=[waiting],
                          previous_new_tokens=torch.zeros(4, dtype=torch.int32))
+    assert [pickle.dumps(item) for item in (decode, waiting)] == states
+    assert all(torch.equal(before, after) for before, after in zip(staged, preparer._staging))
+    host = previous.host
+    assert (host.input_ids.tolist(), host.kv_lens.tolist(), host.slot_mapping.tolist()) == ([4], [5], [8])
     assert preparer.block_table[0, 0].tolist() == [1, 2, 0, 0]  # the device table was not touched
     preparer.prepare([], [decode])
     assert preparer.block_table[0, 0].tolist() == [1, 2, 9, 0]
+
+
+def test_a_failure_after_the_host_pass_resends_whole_rows(backend):
+    """The host pass consumed the tables' changes (a truncation: two entries to zero), then
+    the device-side step failed: the next call sends the scheduled rows whole, zeros to
+    the row's end included (the row may still hold the longer table)."""
+    preparer = InputPreparer(16, 4, block_size=4, max_blocks_per_seq=4, max_slots=4)
+    decode = request(backend, 1, 3, [7, 8, 9], slot=2)
+    preparer.prepare([], [decode])
+    assert preparer.block_table[0, 2].tolist() == [7, 8, 9, 0]
+    decode.block_tables[0].truncate(1)
+    table = preparer.device_table
+    real_apply = table.apply
+
+    def failing_apply(*args):
+        raise RuntimeError("the device step failed")
+
+    table.apply = failing_apply
+    with pytest.raises(RuntimeError, match="the device step failed"):
+        preparer.prepare([], [decode])
+    table.apply = real_apply
+    for _ in range(2):
+        preparer.prepare([], [decode])
+        assert preparer.block_table[0, 2].tolist() == [7, 0, 0, 0]
 
 
 def test_a_plan_taken_over_by_another_writer_is_refused(backend):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tokcy import RequestState
-from tokcy.executor import prepare_inputs
+from tokcy.executor import HostBuffers, prepare_inputs
 
 
 def test_request_whose_init_was_skipped_is_rejected_not_dereferenced(backend):
@@ -48,6 +48,27 @@ def test_device_slot_beyond_previous_tokens_leaves_device_tensors_alone(backend)
         preparer.prepare([], [], device_token_requests=[request], previous_new_tokens=torch.tensor([40, 41]))
     assert first.input_ids.tolist() == [41]
     assert first.position_ids.tolist() == [3]
+
+
+@pytest.mark.parametrize("device_slots, error, message", [
+    (-1, ValueError, "device_slots must be >= 0 or None, got -1"),
+    (2.0, TypeError, "device_slots must be an integer, not float"),
+    (1 << 63, OverflowError, "device_slots 9223372036854775808 does not fit in int64"),
+    (1, ValueError, "request 3 in device_token_requests: seq_slot 1 is out of range for previous_new_tokens of 1 slots"),
+])
+def test_a_writer_checks_device_slots_before_the_batch(backend, device_slots, error, message):
+    """InputWriter.plan/prepare's device_slots (what InputPreparer passes: the rows of
+    previous_new_tokens) bounds every device-token request's seq_slot in the host pass;
+    the writer stays usable after the refusal, and within the bound the row is written."""
+    request = backend.Request(3, [5, 6, 7])
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    request.seq_slot = 1
+    writer = backend.InputWriter()
+    writer.bind(*HostBuffers(4, 2).arrays)
+    for call in (writer.plan, writer.prepare):
+        with pytest.raises(error, match=f"^{message}$"):
+            call((), (), (), (request,), 0, None, 1, None, device_slots)
+    assert writer.prepare((), (), (), (request,), 0, None, 1, None, 2)[10] == 1  # one device-token row
 
 
 @pytest.mark.parametrize("per_beam", [{0: 5}, {7}, (x for x in [9])], ids=["dict", "set", "generator"])

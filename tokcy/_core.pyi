@@ -152,6 +152,7 @@ class InputWriter:
         cuda_graph_batch_sizes: Iterable[SupportsIndex] | None,
         max_beam_width: int,
         block_sizes: tuple[int, ...] | None = None,
+        device_slots: int | None = None,
     ) -> tuple[int, int, int, int, int, int]: ...
     def write(self) -> tuple[int, int, int, int, int, int, int, int, int, int, int]: ...
     def set_metadata(self, metadata: AttentionMetadata | None) -> None: ...
@@ -166,6 +167,7 @@ class InputWriter:
         cuda_graph_batch_sizes: Iterable[SupportsIndex] | None,
         max_beam_width: int,
         block_sizes: tuple[int, ...] | None = None,
+        device_slots: int | None = None,
     ) -> tuple[int, int, int, int, int, int, int, int, int, int, int]: ...
 
 def prepare_inputs_entry(

@@ -126,9 +126,13 @@ cdef class DeviceTableRows:
         free(self.slot_request)
 
     def forget(self):
-        """Forget what every row holds: the next step sends each scheduled table whole (after
-        a step whose changed entries were staged but never reached the device)."""
+        """Forget what every row holds: the next step sends each scheduled table whole, and
+        zeros past it to the row's end (after a step whose changed entries were staged but
+        may not have reached the device: a row may hold any of its tables since)."""
+        cdef Py_ssize_t row
         memset(self.row_stamps, 0, self.max_slots * self.num_groups * sizeof(int64_t))
+        for row in range(self.max_slots * self.num_groups):
+            self.row_lengths[row] = self.width
 
 
 cdef inline Py_ssize_t plan_row_delta(GroupSpec* spec, PyObject* buffer, const int64_t* row_stamps,

@@ -293,10 +293,11 @@ cdef class InputWriter:
     # ------------------------------------------------------------------ pass 1
     cdef int _plan(self, object context_requests, object generation_requests, object first_draft_requests,
                    object device_token_requests, Py_ssize_t max_draft_len, object cuda_graph_batch_sizes,
-                   Py_ssize_t max_beam_width, object block_sizes, bint own) except -1:
+                   Py_ssize_t max_beam_width, object block_sizes, bint own, Py_ssize_t device_slots) except -1:
         """Pass 1. ``own`` False (prepare(): pass 2 follows at once, with no Python code in
         between) borrows the storages: the batch's sequences are held instead, and _write()
-        takes the references only if it releases the GIL."""
+        takes the references only if it releases the GIL. ``device_slots`` >= 0: every
+        device-token request's seq_slot must be below it (-1: no bound)."""
         cdef AttentionMetadata meta = None
         cdef Py_ssize_t index, count
         cdef PyObject** items
@@ -347,7 +348,7 @@ cdef class InputWriter:
                 index = self._plan_decode_rows(items, index + 1, count, own, meta)
             plan_first_drafts(self, first_drafts, max_draft_len, meta, own)
             self._first_draft_end = self._num_specs
-            plan_device_rows(self, devices, meta, own)
+            plan_device_rows(self, devices, meta, own, device_slots)
             # padding up to a CUDA-graph batch size (decode-only batches)
             self._num_padding = 0
             if batch_sizes is not None and self._num_context == 0 and len(first_drafts) == 0:
@@ -362,14 +363,18 @@ cdef class InputWriter:
         return 0
 
     def plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-             Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes=None):
+             Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes=None,
+             device_slots=None):
         """Pass 1: validate the batch and return the sizes it needs: (token rows, gathered
         rows, sequences incl. padding, draft tokens, draft requests, device-token rows).
-        With ``block_sizes``, ``planned_blocks()`` then gives the metadata's sizes."""
+        With ``block_sizes``, ``planned_blocks()`` then gives the metadata's sizes.
+        ``device_slots``: the slots of the device tokens the placeholders are filled from
+        (every device-token request's seq_slot must be below it), or None."""
+        cdef Py_ssize_t slots = _checks.device_slots_arg(device_slots)
         self._enter()
         try:
             self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, True)
+                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, True, slots)
         finally:
             self._leave()
         return (self._num_tokens, self._num_gather, self._num_specs + self._num_plain + self._num_padding,
@@ -455,19 +460,22 @@ cdef class InputWriter:
         return (self._meta.longest_table, self._meta.results()[3])
 
     def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-                Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes=None):
+                Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes=None,
+                device_slots=None):
         """plan() then write(), in one call, under one busy guard. ``block_sizes``: a tuple,
         one block size per layer group, to write the attention metadata too (``set_metadata``
-        first)."""
+        first); ``device_slots`` as plan()'s."""
         return self._prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                             max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
+                             max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes,
+                             _checks.device_slots_arg(device_slots))
 
     cdef tuple _prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-                        Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes):
+                        Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes,
+                        Py_ssize_t device_slots=-1):
         self._enter()
         try:
             self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, False)
+                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, False, device_slots)
             return self._write()
         finally:
             self._leave()

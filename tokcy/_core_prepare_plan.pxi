@@ -145,8 +145,10 @@ cdef int plan_first_drafts(InputWriter writer, object first_drafts, Py_ssize_t m
     return 0
 
 
-cdef int plan_device_rows(InputWriter writer, object devices, AttentionMetadata meta, bint own) except -1:
-    """Device-token requests: a placeholder row at position n."""
+cdef int plan_device_rows(InputWriter writer, object devices, AttentionMetadata meta, bint own,
+                          Py_ssize_t device_slots) except -1:
+    """Device-token requests: a placeholder row at position n, filled on the device from
+    the previous step's token at its seq_slot (below ``device_slots`` unless it is -1)."""
     cdef Request request
     cdef SeqSpec* spec
     cdef Py_ssize_t index = 0, n
@@ -164,6 +166,8 @@ cdef int plan_device_rows(InputWriter writer, object devices, AttentionMetadata 
             _checks.device_with_drafts(request._request_id, request._draft_tokens.size)
         if request._seq_slot == NO_SLOT:
             _checks.missing_slot(request._request_id)
+        if device_slots >= 0 and request._seq_slot >= device_slots:
+            _checks.slot_beyond_device_tokens(request._request_id, request._seq_slot, device_slots)
         n = request._beam0.size
         spec = writer._add()
         set_spec(spec, request, None, 0, 0, 1, n, KIND_DEVICE, own)

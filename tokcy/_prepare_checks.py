@@ -71,6 +71,21 @@ def missing_slot(request_id):
     raise ValueError(f"request {request_id} in {DEVICE_TOKEN} has no seq_slot")
 
 
+def device_slots_arg(device_slots):
+    """``InputWriter.plan``/``prepare``'s ``device_slots`` as an int, -1 for None."""
+    if device_slots is None:
+        return -1
+    slots = as_integer(device_slots, "device_slots")
+    if slots < 0:
+        raise ValueError(f"device_slots must be >= 0 or None, got {slots}")
+    return slots
+
+
+def slot_beyond_device_tokens(request_id, slot, device_slots):
+    raise ValueError(f"request {request_id} in {DEVICE_TOKEN}: seq_slot {slot} is out of range for "
+                     f"previous_new_tokens of {device_slots} slots")
+
+
 def no_tokens(group, request_id, beam):
     raise ValueError(f"request {request_id} in {group} has no tokens in beam {beam}")
 

@@ -75,9 +75,11 @@ class DeviceTableRows:
         self.row_released = [0] * rows
 
     def forget(self):
-        """Forget what every row holds: the next step sends each scheduled table whole (after
-        a step whose changed entries were staged but never reached the device)."""
+        """Forget what every row holds: the next step sends each scheduled table whole, and
+        zeros past it to the row's end (after a step whose changed entries were staged but
+        may not have reached the device: a row may hold any of its tables since)."""
         self.row_stamps[:] = [0] * len(self.row_stamps)
+        self.row_lengths[:] = [self.width] * len(self.row_lengths)
 
 
 class AttentionMetadata:

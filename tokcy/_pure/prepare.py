@@ -101,24 +101,28 @@ class InputWriter:
 
     # ------------------------------------------------------------------ pass 1
     def plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-             max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes=None):
+             max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes=None, device_slots=None):
         """Pass 1: validate the batch and return the sizes it needs: (token rows, gathered
         rows, sequences incl. padding, draft tokens, draft requests, device-token rows).
-        With ``block_sizes``, ``planned_blocks()`` then gives the metadata's sizes."""
+        With ``block_sizes``, ``planned_blocks()`` then gives the metadata's sizes.
+        ``device_slots``: the slots of the device tokens the placeholders are filled from
+        (every device-token request's seq_slot must be below it), or None."""
+        max_draft_len = as_index(max_draft_len)
+        max_beam_width = as_index(max_beam_width)
+        device_slots = _checks.device_slots_arg(device_slots)
         self._enter()
         try:
             return self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                              max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
+                              max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, device_slots)
         finally:
             self._leave()
 
     def _plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-              max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes):
-        # the compiled twin's order: its typed limits convert first; then whatever can run
-        # caller code (each group that is not a list or tuple iterated, in argument order,
-        # then the batch sizes); the lists and tuples given are read after all of it
-        max_draft_len = as_index(max_draft_len)
-        max_beam_width = as_index(max_beam_width)
+              max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, device_slots):
+        # the compiled twin's order: its typed limits convert first (in the public method);
+        # then whatever can run caller code (each group that is not a list or tuple
+        # iterated, in argument order, then the batch sizes); the lists and tuples given
+        # are read after all of it
         if max_draft_len < 0:
             _checks.negative_limit("max_draft_len", max_draft_len)
         if max_beam_width < 0:
@@ -213,6 +217,8 @@ class InputWriter:
                 _checks.device_with_drafts(request_id, len(item._draft_tokens))
             if item._seq_slot is None:
                 _checks.missing_slot(request_id)
+            if device_slots >= 0 and item._seq_slot >= device_slots:
+                _checks.slot_beyond_device_tokens(request_id, item._seq_slot, device_slots)
             n = item._beams[0].size
             device.append((_DEVICE, None, 0, 0, None, 1, n, n, request_id, item._prompt_len, item._seq_slot,
                            plan_sequence(item, n, 1)))
@@ -342,14 +348,17 @@ class InputWriter:
                 num_device)
 
     def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-                max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes=None):
+                max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes=None, device_slots=None):
         """plan() then write(), in one call, under one busy guard. ``block_sizes``: a tuple,
         one block size per layer group, to write the attention metadata too (``set_metadata``
-        first)."""
+        first); ``device_slots`` as plan()'s."""
+        max_draft_len = as_index(max_draft_len)
+        max_beam_width = as_index(max_beam_width)
+        device_slots = _checks.device_slots_arg(device_slots)
         self._enter()
         try:
             self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes)
+                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, device_slots)
             return self._write()
         finally:
             self._leave()

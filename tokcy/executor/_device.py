@@ -313,20 +313,18 @@ class InputPreparer:
         module, writer, metadata = self._writers[slot]
         if module is not _backend.module:
             module, writer, metadata = self._writers[slot] = self._staging_writers(slot)
-        # prepare_into(), with this staging buffer's writers at hand
+        # prepare_into(), with this staging buffer's writers at hand; each device-token
+        # request's seq_slot is checked against previous_new_tokens in its pass 1, so that
+        # a failed call writes nothing and consumes no block table's changes
         counts = writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                                self._max_draft_len, cuda_graph_batch_sizes, self._max_beam_width, self._block_sizes)
+                                self._max_draft_len, cuda_graph_batch_sizes, self._max_beam_width, self._block_sizes,
+                                None if previous is None else previous.shape[0])
         try:
             results = None if metadata is None else metadata.results()  # (.., .., changed table entries, ..)
             host = (self._host[slot], results)  # DeviceInputs.host is made from them when read
             count = counts[10]  # device-token rows
             if count:
                 host = written_inputs(host[0], counts, results, self._block_sizes)
-                if int(host.device_token_slots.max()) >= previous.shape[0]:
-                    # checked before the copy: a failed call leaves the device tensors as they were
-                    bad = int(host.device_token_slots.max())
-                    raise ValueError(f"seq_slot {bad} is out of range for previous_new_tokens "
-                                     f"of {previous.shape[0]} slots")
             self._next = (slot + 1) % len(self._staging)
             key = (counts[3], 0 if results is None else results[2])  # (tokens, changed table entries)
             target, sources, deltas, copied = self._copies.get(key) or self._new_copy(key)
