@@ -6,6 +6,7 @@ and every observable after every operation) must be identical. Pickles load acro
 backends, Python subclasses work on both, and repr is the same text.
 """
 
+import copy
 import pickle
 import random
 
@@ -419,3 +420,76 @@ def test_repr_worked_example(both_backends):
             "Request(request_id=12, state=GENERATION_IN_PROGRESS, prompt_len=3, num_tokens=[4, 5], "
             "context=2+1, draft_tokens=3, seq_slot=6)"
         )
+
+
+def _with_attributes(module):
+    """Subclasses of both classes that add attributes in __slots__ (a private one too) and
+    in their __dict__, and a table whose tolist() shows only the live ids."""
+
+    class SlottedRequest(module.Request):
+        __slots__ = ("tag", "__secret", "unset")
+
+        def secret(self):
+            return self.__secret
+
+        def keep(self, tag, secret):
+            self.tag, self.__secret = tag, secret
+
+    class DictRequest(module.Request):
+        pass
+
+    class SlottedTable(module.BlockTable):
+        __slots__ = ("owner",)
+
+        def tolist(self):  # what a subclass may show; pickling reads the table itself
+            return [block for block in super().tolist() if block >= 0]
+
+    class DictTable(module.BlockTable):
+        pass
+
+    return SlottedRequest, DictRequest, SlottedTable, DictTable
+
+
+def test_what_a_subclass_adds_pickles_and_copies_with_it(backend, monkeypatch):
+    classes = _with_attributes(backend)
+    for cls in classes:
+        monkeypatch.setitem(globals(), cls.__name__, cls)
+        cls.__qualname__ = cls.__name__
+    SlottedRequest, DictRequest, SlottedTable, DictTable = classes
+    slotted = SlottedRequest(1, [1, 2, 3])
+    slotted.keep(["a"], 42)
+    with_dict = DictRequest(2, [4])
+    with_dict.note = {"k": 1}
+    table = SlottedTable([5, 6, 7])
+    table.release_front(1)
+    table.owner = "me"
+    plain_table = DictTable([8])
+    plain_table.note = "n"
+    for copy_of in (lambda x: pickle.loads(pickle.dumps(x)), copy.copy, copy.deepcopy):
+        request = copy_of(slotted)
+        assert (type(request), request.tag, request.secret(), request.get_tokens(0)) == (SlottedRequest, ["a"], 42,
+                                                                                          [1, 2, 3])
+        assert not hasattr(request, "unset")
+        request = copy_of(with_dict)
+        assert (type(request), request.note, request.get_tokens(0)) == (DictRequest, {"k": 1}, [4])
+        restored = copy_of(table)
+        assert (type(restored), restored.owner, restored.view().tolist(), restored.num_released) == (
+            SlottedTable, "me", [-1, 6, 7], 1)
+        restored = copy_of(plain_table)
+        assert (type(restored), restored.note, restored.tolist()) == (DictTable, "n", [8])
+    deep = copy.deepcopy(slotted)
+    assert deep.tag == ["a"] and deep.tag is not slotted.tag
+
+
+def test_a_pickle_cannot_set_a_tables_own_fields_through_a_subclass_attribute(backend):
+    """Attributes travel as a subclass's: a name that is one of the table's own fields (a
+    slot of the twin's class) goes to the subclass's __dict__, never into the table."""
+    from tokcy import _pickle
+
+    class Table(backend.BlockTable):
+        pass
+
+    restored = _pickle.restore_block_table(Table, [3, 4], 0, 0, 0, {"_buffer": None, "_num_released": 5})
+    assert (restored.tolist(), restored.num_released, len(restored)) == ([3, 4], 0, 2)
+    with pytest.raises(TypeError):
+        _pickle.restore_block_table(backend.BlockTable, [3, 4], 0, 0, 0, {"extra": 1})

@@ -240,3 +240,30 @@ def test_what_a_preparer_is_made_with_is_read_only(backend):
         assert getattr(preparer, name) is before[name]
     plain = InputPreparer(16, 4)  # no block size: no table, no width, no slots
     assert (plain.block_sizes, plain.max_blocks_per_seq, plain.max_slots, plain.device_table) == (None,) * 4
+
+
+def test_a_preparer_runs_one_call_at_a_time(backend):
+    """A call into the same InputPreparer from code a call runs (here an iterable of
+    device-token requests; another thread's call alike) is refused with RuntimeError: two
+    calls would share a staging buffer and the device table's scatter and gather. The
+    outer call completes, and the preparer stays usable."""
+    preparer = InputPreparer(16, 4, block_size=4, max_blocks_per_seq=4, max_slots=4)
+    decode = backend.Request(1, [1, 2, 3])
+    decode.state = RequestState.GENERATION_IN_PROGRESS
+    decode.seq_slot = 0
+    decode.block_tables[0].extend([8])
+    refusals = []
+
+    def calling_back():
+        try:
+            preparer.prepare([], [decode])
+        except RuntimeError as error:
+            refusals.append(str(error))
+        yield from ()
+
+    inputs = preparer.prepare([], [decode], device_token_requests=calling_back())
+    assert refusals == ["this InputPreparer is in use by another call (another thread's, or one re-entered from "
+                        "code this call runs)"]
+    assert (inputs.input_ids.tolist(), inputs.slot_mapping.tolist()) == ([3], [34])
+    decode.add_new_token(4)
+    assert preparer.prepare([], [decode]).slot_mapping.tolist() == [35]

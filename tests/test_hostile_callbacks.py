@@ -550,3 +550,67 @@ def test_a_holders_fields_are_read_only(backend, holder_type):
     with pytest.raises(AttributeError, match="HostBuffers.metadata is read-only"):
         prepare_inputs([], requests, out=out, block_size=SwapsMetadata())
     assert out.input_ids.tolist() == [-7] * 16
+
+
+def test_a_report_built_from_a_collection_inside_another_never_shares_its_arrays(backend):
+    """Python code that runs as a report is finished (a collection's callback, or another
+    thread given the GIL there) may build the manager's next report: it is refused while
+    the first is being built, and once accepted writes arrays of its own. The first report
+    shows its own rows, and the next one carries on from them (no token lost)."""
+    manager = SchedulerOutputManager()
+    first = backend.Request(1, [10, 11, 12])
+    second = backend.Request(2, [20, 21, 22])
+    for request in (first, second):
+        request.state = RequestState.GENERATION_IN_PROGRESS
+    manager.build_scheduler_output([], [first])  # the arena's arrays exist
+    first.add_new_token(13)
+    inner, refused = [], []
+
+    def build_inner(phase, info):
+        if phase == "start" and not inner:
+            try:
+                inner.append(manager.build_scheduler_output([], [second]))
+            except RuntimeError:
+                refused.append(True)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(build_inner)
+    gc.set_threshold(1)
+    try:
+        outer = manager.build_scheduler_output([], [first])
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(build_inner)
+    assert refused or inner  # the callback ran
+    assert (outer.request_ids.tolist(), outer.tokens.tolist()) == ([1], [13])
+    if inner:
+        assert (inner[0].request_ids.tolist(), inner[0].tokens.tolist()) == ([2], [20, 21, 22])
+    first.add_new_token(14)
+    later = manager.build_scheduler_output([], [first])
+    assert (later.tokens.tolist(), later.num_replaced_tokens.tolist()) == ([14], [0])
+
+
+def test_two_first_calls_on_a_holder_share_one_writer_and_one_metadata(backend):
+    """HostBuffers.writer() and MetadataBuffers.bound() keep the first one made: a call
+    that made its own meanwhile (another thread's first call, here a collection's
+    callback) gets the kept one, so the busy guard covers both and the metadata written is
+    the metadata read."""
+    holder = HostBuffers(16, 4, max_blocks_per_seq=4)
+    made = {}
+
+    def first_use_inside():
+        made["writer"] = holder.writer(backend)
+        made["metadata"] = holder.metadata.bound(backend)
+
+    with at_next_collection(first_use_inside) as state:
+        state["calling"] = True
+        writer = holder.writer(backend)
+    metadata = holder.metadata.bound(backend)
+    if state["ran"] == "inside":
+        assert made["writer"] is writer and made["metadata"] is metadata
+    assert holder.writer(backend) is writer
+    decode = backend.Request(1, list(range(9)))
+    decode.state = RequestState.GENERATION_IN_PROGRESS
+    decode.block_tables[0].extend([5, 6, 7])
+    inputs = prepare_inputs([], [decode], block_size=4, out=holder)
+    assert (inputs.max_kv_len, inputs.kv_indices.tolist(), inputs.slot_mapping.tolist()) == (9, [5, 6, 7], [28])

@@ -65,18 +65,23 @@ Growable int32 list of the KV-cache block ids assigned to one request (one layer
     def __init__(self, block_ids=()):
         self._buffer.reset(block_ids_array(block_ids, "block_ids"))
 
-    def _restore(self, block_ids, num_released, dirty_from, table_dirty_from=0):
+    def _restore(self, block_ids, num_released, dirty_from, table_dirty_from=0, attributes=None):
         ids, released, mark, table_mark = _invariants.checked_block_table(
             block_ids, num_released, dirty_from, table_dirty_from)
         self._buffer.reset(ids)
         self._buffer.dirty_from = mark
         self._buffer.table_dirty_from = table_mark
         self._buffer.num_released = released
+        if attributes:
+            _pickle.restore_subclass_attributes(self, BlockTable, attributes)
 
     def __reduce__(self):
+        # the table's own fields, never a subclass's methods or properties
         cls = None if type(self) is BlockTable else type(self)
-        return (_pickle.restore_block_table,
-                (cls, self.tolist(), self._buffer.num_released, self._buffer.dirty_from, self._buffer.table_dirty_from))
+        state = (cls, self._buffer.tolist(0, self._buffer.size), self._buffer.num_released, self._buffer.dirty_from,
+                 self._buffer.table_dirty_from)
+        attributes = None if cls is None else _pickle.subclass_attributes(self, BlockTable)
+        return (_pickle.restore_block_table, state if attributes is None else state + (attributes,))
 
     def __repr__(self):
         return _repr.block_table_repr(type(self).__name__, self.tolist(), self._buffer.num_released)

@@ -321,6 +321,7 @@ cdef class ReportState:
         cdef PyObject* item
         cdef RowJob* job
         cdef OutputArena arena = self.arena
+        cdef ReportColumns columns
         cdef int64_t stamp
         cdef bint release_gil = False, claimed
         cdef Py_ssize_t consumed = 0         # rows whose marks this call consumed
@@ -451,11 +452,15 @@ cdef class ReportState:
                 write_report(self, batch, total_segments, total_tokens, total_blocks, num_direct,
                             <int64_t*>arena.wide.data, <int32_t*>arena.narrow.data,
                             <unsigned char*>arena.flags.data)
+            # the report takes its arrays before the guard drops: from then on the arena
+            # sees them referenced and writes the next report elsewhere (a build let in
+            # earlier, by Python code run here, would write into them)
+            arena.settle()
+            columns = arena.columns(batch, total_segments, total_tokens, total_blocks)
         finally:
             self._release_held()
             self.busy = False
-        arena.settle()
-        return num_context, arena.columns(batch, total_segments, total_tokens, total_blocks)
+        return num_context, columns
 
     def record_matched_tokens(self, request_id, num_tokens):
         cdef int64_t key = _tokens.as_integer(request_id, "request_id")

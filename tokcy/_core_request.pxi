@@ -118,9 +118,9 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
             "context_current_position": self._context_position,
             "context_chunk_size": self._chunk_size,
             "draft_tokens": self._draft_tokens.tolist(0, self._draft_tokens.size),
-            "block_tables": [table.__reduce__()[1][1:] for table in self._block_tables],
+            "block_tables": [table.__reduce__()[1][1:5] for table in self._block_tables],
             "num_pauses": self._num_pauses,
-            "dict": getattr(self, "__dict__", None) or None,
+            "dict": None if type(self) is Request else _pickle.subclass_attributes(self, Request),
         }
 
     @classmethod
@@ -137,7 +137,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         drafts = Int32Buffer(state["draft_tokens"]) if len(state["draft_tokens"]) else NO_DRAFTS
         tables = tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"])
         self = cls.__new__(cls)
-        retired = retire_fields(self)  # no Python code from here to the __dict__ update
+        retired = retire_fields(self)  # no Python code from here to a subclass's attributes
         self._beams = beams
         self._beam0 = beams[0]
         self._beam_width = len(beams)
@@ -155,7 +155,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         set_block_tables(self, tables)
         self._num_pauses = state["num_pauses"]
         if state["dict"]:
-            self.__dict__.update(state["dict"])
+            _pickle.restore_subclass_attributes(self, Request, state["dict"])
         return self
 
     def __reduce__(self):

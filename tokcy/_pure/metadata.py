@@ -95,6 +95,7 @@ class AttentionMetadata:
         self.max_query_len = 0
         self.max_kv_len = 0
         self.longest_table = 0
+        self.total_live = []  # per group, the kv_indices length of the last call (results())
         self.plan_serial = 0  # bumped by every begin() and release(): see InputWriter.write
         self._planned = []
         self._changed = []  # the plans whose rows need entries (plan_deltas)

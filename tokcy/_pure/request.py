@@ -57,18 +57,23 @@ class BlockTable:
 
     __signature__ = _signature_of_init(__init__)
 
-    def _restore(self, block_ids, num_released, dirty_from, table_dirty_from=0):
+    def _restore(self, block_ids, num_released, dirty_from, table_dirty_from=0, attributes=None):
         ids, released, mark, table_mark = _invariants.checked_block_table(
             block_ids, num_released, dirty_from, table_dirty_from)
         self._buffer = Int32Buffer(ids)
         self._buffer.dirty_from = mark
         self._buffer.table_dirty_from = table_mark
         self._num_released = released
+        if attributes:
+            _pickle.restore_subclass_attributes(self, BlockTable, attributes)
 
     def __reduce__(self):
+        # the table's own fields, never a subclass's methods or properties
         cls = None if type(self) is BlockTable else type(self)
-        return (_pickle.restore_block_table,
-                (cls, self.tolist(), self._num_released, self._buffer.dirty_from, self._buffer.table_dirty_from))
+        state = (cls, self._buffer.tolist(0, self._buffer.size), self._num_released, self._buffer.dirty_from,
+                 self._buffer.table_dirty_from)
+        attributes = None if cls is None else _pickle.subclass_attributes(self, BlockTable)
+        return (_pickle.restore_block_table, state if attributes is None else state + (attributes,))
 
     def __repr__(self):
         return _repr.block_table_repr(type(self).__name__, self.tolist(), self._num_released)
@@ -240,9 +245,9 @@ class Request:
             "context_current_position": self._context_position,
             "context_chunk_size": self._chunk_size,
             "draft_tokens": self._draft_tokens.tolist(),
-            "block_tables": [table.__reduce__()[1][1:] for table in self._block_tables],
+            "block_tables": [table.__reduce__()[1][1:5] for table in self._block_tables],
             "num_pauses": self._num_pauses,
-            "dict": getattr(self, "__dict__", None) or None,
+            "dict": None if type(self) is Request else _pickle.subclass_attributes(self, Request),
         }
 
     @classmethod
@@ -269,7 +274,7 @@ class Request:
         self._block_tables = tables
         self._num_pauses = state["num_pauses"]
         if state["dict"]:
-            self.__dict__.update(state["dict"])
+            _pickle.restore_subclass_attributes(self, Request, state["dict"])
         return self
 
     def __reduce__(self):

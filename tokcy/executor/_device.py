@@ -13,6 +13,8 @@ runs with CPU tensors, no pinning and no events. torch is imported when an
 ``InputPreparer`` is created, never at ``import tokcy``.
 """
 
+import threading
+
 import numpy as np
 
 from tokcy import _backend
@@ -239,6 +241,9 @@ class InputPreparer:
         self._recorded = [False] * num_staging_buffers
         self._next = 0
         self._fence = True  # tests switch it off to show the fence is needed
+        # held by prepare(): two calls at once would share a staging slot and the device
+        # table's scatter and gather (a non-blocking acquire: a second call is refused)
+        self._in_use = threading.Lock()
 
     def _view(self, name, length):
         """``tensors[name][:length]``, the same tensor object every time for a length."""
@@ -289,8 +294,21 @@ class InputPreparer:
         ``seq_slot`` (1-D, or 2-D with one column per beam, column 0 used); required when
         there are ``device_token_requests``: their rows get ``previous_new_tokens[slot]``.
         Returns a ``DeviceInputs``. Nothing waits for the device except, with CUDA, the
-        staging slot being reused (its previous copy must have finished).
+        staging slot being reused (its previous copy must have finished). One call at a
+        time: another thread's call meanwhile (or one re-entered from code this call runs)
+        raises RuntimeError.
         """
+        if not self._in_use.acquire(False):
+            raise RuntimeError("this InputPreparer is in use by another call (another thread's, or one re-entered "
+                               "from code this call runs)")
+        try:
+            return self._prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                                 cuda_graph_batch_sizes, previous_new_tokens)
+        finally:
+            self._in_use.release()
+
+    def _prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
+                 cuda_graph_batch_sizes, previous_new_tokens):
         torch = self._torch
         if type(device_token_requests) not in (list, tuple):
             device_token_requests = tuple(device_token_requests)

@@ -254,7 +254,9 @@ class HostBuffers:
             writer.bind(*self.arrays)
             if self.metadata is not None:
                 writer.set_metadata(self.metadata.bound(module))
-            self._writers[module] = writer
+            # the first one kept wins: two threads' first calls share one writer (and its
+            # busy guard) even when both made one
+            writer = self._writers.setdefault(module, writer)
         return writer
 
 

@@ -108,7 +108,9 @@ class MetadataBuffers:
             metadata = module.AttentionMetadata()
             metadata.bind(self.max_blocks_per_seq, self.kv_lens, self.cu_kv_seqlens, self.slot_mapping,
                           self.kv_indptr, self.kv_last_page_len, self.block_table, self.kv_indices)
-            self._writers[module] = metadata
+            # the first one kept wins: every writer of these outputs writes the one that
+            # results are read from, even when two threads each made one
+            metadata = self._writers.setdefault(module, metadata)
         return metadata
 
 
