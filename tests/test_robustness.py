@@ -1,5 +1,6 @@
 """Misuse that must end in a clear exception, never in a crash or a changed object."""
 
+import copy
 import pickle
 
 import numpy as np
@@ -145,3 +146,31 @@ def test_prepare_while_another_thread_drops_the_request_buffers(backend):
             assert request.get_tokens(0) == [7, 8, 9]
     finally:
         sys.setswitchinterval(interval)
+
+
+@pytest.mark.parametrize("copy_of", [pickle.dumps, copy.copy, copy.deepcopy], ids=["pickle", "copy", "deepcopy"])
+def test_holders_and_managers_refuse_to_be_copied_used_or_not(backend, copy_of):
+    """A HostBuffers, a MetadataBuffers and a SchedulerOutputManager are refused by pickle
+    and copy alike, before and after a call (a copy of a holder would be a second writer
+    over its arrays; a manager's state lives in the requests' marks too)."""
+    from tokcy.connector import SchedulerOutputManager
+    from tokcy.executor._metadata import MetadataBuffers
+
+    request = backend.Request(1, [1, 2, 3])
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    request.block_tables[0].append(4)
+    holder = HostBuffers(16, 4, max_blocks_per_seq=4)
+    manager = SchedulerOutputManager()
+    objects = {"a HostBuffers": holder, "a MetadataBuffers": holder.metadata,
+               "a SchedulerOutputManager": manager, "a fresh MetadataBuffers": MetadataBuffers(4, 16, 4)}
+    for used in (False, True):
+        if used:
+            prepare_inputs([], [request], block_size=4, out=holder)
+            manager.build_scheduler_output([], [request])
+        for name, item in objects.items():
+            with pytest.raises(TypeError, match=f"^{name.replace('fresh ', '')} cannot be pickled or copied: "):
+                copy_of(item)
+    plain = HostBuffers(16, 4)
+    inputs = prepare_inputs([], [request], out=plain)
+    restored = pickle.loads(pickle.dumps(inputs))  # a result without metadata pickles as its arrays
+    assert restored.input_ids.tolist() == [3] and restored.num_tokens == 1

@@ -22,6 +22,11 @@ class SchedulerOutputManager:
     def __init__(self):
         self._state = _backend.module.ReportState()
 
+    def __reduce__(self):
+        raise TypeError("a SchedulerOutputManager cannot be pickled or copied: what it has reported lives in the "
+                        "requests' change marks too, so a copy and the original would each miss what the other "
+                        "reports; keep one manager for the requests")
+
     def build_scheduler_output(self, context_requests, generation_requests, device_token_requests=()):
         """Report one iteration; returns a ``SchedulerOutput``. Rows: context, generation,
         then device-token requests, each group in the order given (n = beam-0 tokens):

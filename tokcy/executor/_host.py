@@ -245,6 +245,10 @@ class HostBuffers:
         return (f"HostBuffers(max_num_tokens={self.max_num_tokens}, max_batch_size={self.max_batch_size}, "
                 f"max_draft_len={self.max_draft_len}, max_beam_width={self.max_beam_width})")
 
+    def __reduce__(self):
+        raise TypeError("a HostBuffers cannot be pickled or copied: its arrays are bound to its writers (a copy "
+                        "would be a second writer over them); make another with the same capacities")
+
     def writer(self, module=None):
         """The backend's ``InputWriter`` bound to these arrays (one per backend, made once)."""
         module = _backend.module if module is None else module

@@ -100,6 +100,10 @@ class MetadataBuffers:
         self._kv_indices = None if kv_indices is None else tuple(kv_indices)
         self._writers = {}
 
+    def __reduce__(self):
+        raise TypeError("a MetadataBuffers cannot be pickled or copied: its arrays are bound to its writers (a copy "
+                        "would be a second writer over them); make another with the same capacities")
+
     def bound(self, module=None):
         """The backend's ``AttentionMetadata`` bound to these arrays (one per backend, made once)."""
         module = _backend.module if module is None else module
