@@ -242,17 +242,19 @@ def chain_behind(view):
 @pytest.mark.parametrize("owner", ["tokens", "block_table"])
 def test_nothing_a_view_leads_to_can_free_the_memory_the_buffer_writes(backend, owner):
     """numpy's resize(refcheck=False) and __setstate__ ignore buffer exports and would
-    free the memory under the compiled core's pointers. A view's chain of bases ends at a
-    bytearray that refuses to resize while it is exported, and no numpy array in it owns
-    that memory: replacing their data with __setstate__ changes what those arrays show,
-    never the buffer (both backends)."""
+    free the memory under the compiled core's pointers. A view's chain of bases ends at the
+    compiled core's Storage (which has no method) or the twin's bytearray, which refuses to
+    resize while it is exported, and no numpy array in it owns that memory: replacing
+    their data with __setstate__ changes what those arrays show, never the buffer (both
+    backends)."""
     request = backend.Request(1, list(range(16)))
     request.block_tables[0].extend(range(8))
     view = request.get_tokens_view(0) if owner == "tokens" else request.block_tables[0].view()
     chain = chain_behind(view)
-    assert isinstance(chain[-1], bytearray)
-    with pytest.raises(BufferError):
-        chain[-1].extend(bytes(4096))
+    assert type(chain[-1]).__name__ == ("bytearray" if backend.__name__ == "tokcy._pure" else "Storage")
+    if isinstance(chain[-1], bytearray):
+        with pytest.raises(BufferError):
+            chain[-1].extend(bytes(4096))
     arrays = [view] + [obj for obj in chain if isinstance(obj, np.ndarray)]
     for array in arrays:
         with pytest.raises(ValueError, match="cannot resize"):

@@ -8,7 +8,6 @@
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.string cimport memset
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
-from cpython.memoryview cimport PyMemoryView_FromObject
 
 cdef Py_ssize_t MIN_CAPACITY = 16
 cdef char* BYTE_FORMAT = b"B"  # a Storage's buffer format: unsigned bytes
@@ -25,17 +24,21 @@ cdef class Storage:
     their ``__setstate__`` can free it."""
     cdef object bytes_owner
     cdef Py_buffer export
+    cdef bint read_only    # a token buffer's: exported read-only (its views), written by the core alone
 
     def __dealloc__(self):
         if self.bytes_owner is not None:
             PyBuffer_Release(&self.export)
 
     def __getbuffer__(self, Py_buffer* buffer, int flags):
-        # the bytes, writable, with this Storage as their owner: a numpy array made over it
-        # leads back here through its bases, so a writer bound to the array keeps it
+        # the bytes, with this Storage as their owner: a numpy array made over it leads
+        # back here through its bases, so a writer bound to the array keeps it. A token
+        # buffer's are read-only: its views lead here, and no base of theirs writes
+        if self.read_only and (flags & PyBUF_WRITABLE) == PyBUF_WRITABLE:
+            raise BufferError("a token buffer's memory is read-only: tokcy alone writes it")
         buffer.buf = self.export.buf
         buffer.len = self.export.len
-        buffer.readonly = 0
+        buffer.readonly = self.read_only
         buffer.itemsize = 1
         buffer.format = NULL
         if flags & PyBUF_FORMAT:
@@ -56,11 +59,14 @@ cdef class Storage:
 
 
 cdef Storage new_storage(Py_ssize_t capacity):
-    """Storage for ``capacity`` int32 entries (not initialised). Views are made from its
-    bytearray, so no numpy array that a caller can reach owns that memory (numpy's
-    ``resize(refcheck=False)`` and ``__setstate__`` ignore exports). No Python code runs
-    here: neither object is tracked by the garbage collector, so no collection starts."""
-    return new_byte_storage(capacity * sizeof(int32_t))
+    """A token buffer's storage for ``capacity`` int32 entries (not initialised). Its views
+    are made from the Storage, read-only, so no numpy array that a caller can reach owns
+    that memory (numpy's ``resize(refcheck=False)`` and ``__setstate__`` ignore exports)
+    or can write it. No Python code runs here: neither object is tracked by the garbage
+    collector, so no collection starts."""
+    cdef Storage storage = new_byte_storage(capacity * sizeof(int32_t))
+    storage.read_only = True
+    return storage
 
 
 cdef Storage new_byte_storage(Py_ssize_t num_bytes):
@@ -279,8 +285,7 @@ cdef class Int32Buffer:
         """Read-only snapshot of [begin, end) (clamped to the size), zero-copy."""
         while self.readonly is None:
             storage = self.storage
-            readonly = np.frombuffer(PyMemoryView_FromObject((<Storage>storage).bytes_owner).toreadonly(),
-                                     dtype=np.int32)
+            readonly = np.frombuffer(storage, dtype=np.int32)  # (the Storage exports it read-only)
             if self.storage is storage:  # else code that ran meanwhile replaced it: again
                 self.readonly = readonly
         readonly = self.readonly
