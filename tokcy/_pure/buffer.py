@@ -87,13 +87,6 @@ class Int32Buffer:
                 self.shared_end = 0
                 self._readonly = None
 
-    def _mark_changed(self, start):
-        """Lower both readers' marks to ``start``: positions from there on were written."""
-        if start < self.dirty_from:
-            self.dirty_from = start
-        if start < self.table_dirty_from:
-            self.table_dirty_from = start
-
     def append(self, value):
         while self.size >= len(self.storage) or self.size < self.shared_end:
             self._make_writable(self.size, self.size + 1)
@@ -112,7 +105,13 @@ class Int32Buffer:
             self._make_writable(position, self.size)
         if not 0 <= position < self.size:
             raise IndexError(f"position {position} is past the {self.size} entries left by code that ran meanwhile")
-        self._mark_changed(position)
+        # both readers' marks lowered to the position written, inline: from the last check
+        # of shared_end to the write no Python function is called, so no other thread runs
+        # (and makes a view of this storage) in between
+        if position < self.dirty_from:
+            self.dirty_from = position
+        if position < self.table_dirty_from:
+            self.table_dirty_from = position
         self.storage[position] = value
 
     def truncate(self, size):

@@ -66,11 +66,6 @@ class InputWriter:
         if self._metadata is not None:  # set_metadata is refused while busy: the same one at _leave
             self._metadata.busy = True
 
-    def _leave(self):
-        self._busy = False
-        if self._metadata is not None:
-            self._metadata.busy = False
-
     def set_metadata(self, metadata):
         """Attention-metadata outputs (None: none), filled by calls that give block sizes."""
         if self._busy:
@@ -114,8 +109,10 @@ class InputWriter:
         try:
             return self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
                               max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, device_slots)
-        finally:
-            self._leave()
+        finally:  # the guard dropped inline: an asynchronous exception (Ctrl-C) lands at a call, not here
+            self._busy = False
+            if self._metadata is not None:
+                self._metadata.busy = False
 
     def _plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
               max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, device_slots):
@@ -256,8 +253,10 @@ class InputWriter:
                 self._plan_state = None
                 _checks.device_table_needs_prepare()
             return self._write()
-        finally:
-            self._leave()
+        finally:  # the guard dropped inline: an asynchronous exception (Ctrl-C) lands at a call, not here
+            self._busy = False
+            if self._metadata is not None:
+                self._metadata.busy = False
 
     def planned_blocks(self):
         """After plan() with block sizes: (longest block table, kv_indices length per group)."""
@@ -360,8 +359,10 @@ class InputWriter:
             self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
                        max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, device_slots)
             return self._write()
-        finally:
-            self._leave()
+        finally:  # the guard dropped inline: an asynchronous exception (Ctrl-C) lands at a call, not here
+            self._busy = False
+            if self._metadata is not None:
+                self._metadata.busy = False
 
 
 def prepare_inputs_entry(python_prepare_inputs, host_buffers, prepared_inputs, backend_choice):
