@@ -370,7 +370,7 @@ cdef class InputWriter:
         With ``block_sizes``, ``planned_blocks()`` then gives the metadata's sizes.
         ``device_slots``: the slots of the device tokens the placeholders are filled from
         (every device-token request's seq_slot must be below it), or None."""
-        cdef Py_ssize_t slots = _checks.device_slots_arg(device_slots)
+        cdef Py_ssize_t slots = -1 if device_slots is None else _checks.device_slots_arg(device_slots)
         self._enter()
         try:
             self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
@@ -467,7 +467,7 @@ cdef class InputWriter:
         first); ``device_slots`` as plan()'s."""
         return self._prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
                              max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes,
-                             _checks.device_slots_arg(device_slots))
+                             -1 if device_slots is None else _checks.device_slots_arg(device_slots))
 
     cdef tuple _prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
                         Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes,
