@@ -13,8 +13,6 @@ runs with CPU tensors, no pinning and no events. torch is imported when an
 ``InputPreparer`` is created, never at ``import tokcy``.
 """
 
-import threading
-
 import numpy as np
 
 from tokcy import _backend
@@ -241,9 +239,9 @@ class InputPreparer:
         self._recorded = [False] * num_staging_buffers
         self._next = 0
         self._fence = True  # tests switch it off to show the fence is needed
-        # held by prepare(): two calls at once would share a staging slot and the device
-        # table's scatter and gather (a non-blocking acquire: a second call is refused)
-        self._in_use = threading.Lock()
+        # set while prepare() runs: two calls at once would share a staging slot and the
+        # device table's scatter and gather (a second call is refused)
+        self._busy = False
 
     def _view(self, name, length):
         """``tensors[name][:length]``, the same tensor object every time for a length."""
@@ -298,87 +296,84 @@ class InputPreparer:
         time: another thread's call meanwhile (or one re-entered from code this call runs)
         raises RuntimeError.
         """
-        if not self._in_use.acquire(False):
+        if self._busy:
             raise RuntimeError("this InputPreparer is in use by another call (another thread's, or one re-entered "
                                "from code this call runs)")
+        self._busy = True  # no call since the check, so no other thread ran in between (the GIL)
         try:
-            return self._prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                                 cuda_graph_batch_sizes, previous_new_tokens)
+            torch = self._torch
+            if type(device_token_requests) not in (list, tuple):
+                device_token_requests = tuple(device_token_requests)
+            previous = None
+            if device_token_requests:
+                if previous_new_tokens is None:
+                    raise ValueError("device_token_requests need previous_new_tokens (the previous step's device tokens)")
+                previous = previous_new_tokens
+                if not isinstance(previous, torch.Tensor):
+                    raise TypeError(f"previous_new_tokens must be a torch.Tensor, not {type(previous).__name__}")
+                if previous.ndim == 2:
+                    previous = previous[:, 0]
+                elif previous.ndim != 1:
+                    raise ValueError(f"previous_new_tokens must be 1-D or 2-D, got {previous.ndim} dimensions")
+                if previous.device != self._device_packed.device:
+                    raise ValueError(f"previous_new_tokens is on {previous.device}, the inputs on {self._device}")
+            slot = self._next
+            if self._events is not None and self._recorded[slot] and self._fence:
+                self._events[slot].synchronize()  # its previous copy is done: safe to refill
+            module, writer, metadata = self._writers[slot]
+            if module is not _backend.module:
+                module, writer, metadata = self._writers[slot] = self._staging_writers(slot)
+            # prepare_into(), with this staging buffer's writers at hand; each device-token
+            # request's seq_slot is checked against previous_new_tokens in its pass 1, so that
+            # a failed call writes nothing and consumes no block table's changes
+            counts = writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                                    self._max_draft_len, cuda_graph_batch_sizes, self._max_beam_width, self._block_sizes,
+                                    None if previous is None else previous.shape[0])
+            try:
+                results = None if metadata is None else metadata.results()  # (.., .., changed table entries, ..)
+                host = (self._host[slot], results)  # DeviceInputs.host is made from them when read
+                count = counts[10]  # device-token rows
+                if count:
+                    host = written_inputs(host[0], counts, results, self._block_sizes)
+                self._next = (slot + 1) % len(self._staging)
+                key = (counts[3], 0 if results is None else results[2])  # (tokens, changed table entries)
+                target, sources, deltas, copied = self._copies.get(key) or self._new_copy(key)
+                if self._host_copy:
+                    target[:] = sources[slot]
+                else:
+                    target.copy_(sources[slot], non_blocking=self._is_cuda)
+                self.last_copy_bytes = copied
+                if self._events is not None:
+                    # the copy runs on the inputs' device's current stream: fence that stream
+                    self._events[slot].record(torch.cuda.current_stream(self._device_packed.device))
+                    self._recorded[slot] = True
+                if count:
+                    start = counts[6]  # device_token_row_start
+                    tokens = previous.index_select(0, self._view("device_token_slots", count))
+                    self._tensors["input_ids"][start : start + count].copy_(tokens)
+                made_from = None
+                if results is not None:
+                    # scatter the changed entries into the device table and gather the batch's
+                    # tables (device work, issued now); _set_device_metadata makes the views
+                    padded = counts[5]
+                    views = self._batch_view_cache.get(padded) or self._batch_views(padded)
+                    tables = self._device_table.apply(self._device_packed, self._device_packed_int64, deltas, results[2],
+                                                     views[0], views[2], results[3])
+                    made_from = (tables, padded, counts[3], results[0], results[1])  # (the metadata views')
+                inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, made_from), without the __init__ call
+                inputs._preparer = self
+                inputs._counts = counts
+                inputs._host = host
+                inputs._metadata = made_from
+                inputs._views = [None] * _NUM_ARRAYS
+            except BaseException:
+                if self._device_table is not None:  # the host consumed the tables' changes: resend them whole
+                    self._device_table.rows().forget()
+                raise
+            return inputs
         finally:
-            self._in_use.release()
+            self._busy = False
 
-    def _prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-                 cuda_graph_batch_sizes, previous_new_tokens):
-        torch = self._torch
-        if type(device_token_requests) not in (list, tuple):
-            device_token_requests = tuple(device_token_requests)
-        previous = None
-        if device_token_requests:
-            if previous_new_tokens is None:
-                raise ValueError("device_token_requests need previous_new_tokens (the previous step's device tokens)")
-            previous = previous_new_tokens
-            if not isinstance(previous, torch.Tensor):
-                raise TypeError(f"previous_new_tokens must be a torch.Tensor, not {type(previous).__name__}")
-            if previous.ndim == 2:
-                previous = previous[:, 0]
-            elif previous.ndim != 1:
-                raise ValueError(f"previous_new_tokens must be 1-D or 2-D, got {previous.ndim} dimensions")
-            if previous.device != self._device_packed.device:
-                raise ValueError(f"previous_new_tokens is on {previous.device}, the inputs on {self._device}")
-        slot = self._next
-        if self._events is not None and self._recorded[slot] and self._fence:
-            self._events[slot].synchronize()  # its previous copy is done: safe to refill
-        module, writer, metadata = self._writers[slot]
-        if module is not _backend.module:
-            module, writer, metadata = self._writers[slot] = self._staging_writers(slot)
-        # prepare_into(), with this staging buffer's writers at hand; each device-token
-        # request's seq_slot is checked against previous_new_tokens in its pass 1, so that
-        # a failed call writes nothing and consumes no block table's changes
-        counts = writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                                self._max_draft_len, cuda_graph_batch_sizes, self._max_beam_width, self._block_sizes,
-                                None if previous is None else previous.shape[0])
-        try:
-            results = None if metadata is None else metadata.results()  # (.., .., changed table entries, ..)
-            host = (self._host[slot], results)  # DeviceInputs.host is made from them when read
-            count = counts[10]  # device-token rows
-            if count:
-                host = written_inputs(host[0], counts, results, self._block_sizes)
-            self._next = (slot + 1) % len(self._staging)
-            key = (counts[3], 0 if results is None else results[2])  # (tokens, changed table entries)
-            target, sources, deltas, copied = self._copies.get(key) or self._new_copy(key)
-            if self._host_copy:
-                target[:] = sources[slot]
-            else:
-                target.copy_(sources[slot], non_blocking=self._is_cuda)
-            self.last_copy_bytes = copied
-            if self._events is not None:
-                # the copy runs on the inputs' device's current stream: fence that stream
-                self._events[slot].record(torch.cuda.current_stream(self._device_packed.device))
-                self._recorded[slot] = True
-            if count:
-                start = counts[6]  # device_token_row_start
-                tokens = previous.index_select(0, self._view("device_token_slots", count))
-                self._tensors["input_ids"][start : start + count].copy_(tokens)
-            made_from = None
-            if results is not None:
-                # scatter the changed entries into the device table and gather the batch's
-                # tables (device work, issued now); _set_device_metadata makes the views
-                padded = counts[5]
-                views = self._batch_view_cache.get(padded) or self._batch_views(padded)
-                tables = self._device_table.apply(self._device_packed, self._device_packed_int64, deltas, results[2],
-                                                 views[0], views[2], results[3])
-                made_from = (tables, padded, counts[3], results[0], results[1])  # (the metadata views')
-            inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, made_from), without the __init__ call
-            inputs._preparer = self
-            inputs._counts = counts
-            inputs._host = host
-            inputs._metadata = made_from
-            inputs._views = [None] * _NUM_ARRAYS
-        except BaseException:
-            if self._device_table is not None:  # the host consumed the tables' changes: resend them whole
-                self._device_table.rows().forget()
-            raise
-        return inputs
 
     def _staging_writers(self, slot):
         """(the live backend, staging buffer ``slot``'s InputWriter, the AttentionMetadata it
