@@ -481,15 +481,24 @@ def test_what_a_subclass_adds_pickles_and_copies_with_it(backend, monkeypatch):
     assert deep.tag == ["a"] and deep.tag is not slotted.tag
 
 
-def test_a_pickle_cannot_set_a_tables_own_fields_through_a_subclass_attribute(backend):
-    """Attributes travel as a subclass's: a name that is one of the table's own fields (a
-    slot of the twin's class) goes to the subclass's __dict__, never into the table."""
+@pytest.mark.parametrize("name", ["_buffer", "_num_released", "tolist", "num_released"])
+def test_a_pickle_cannot_set_a_tables_own_fields_through_a_subclass_attribute(backend, name):
+    """A subclass's attributes never name the class's own fields (the twin's slots, a
+    method, a property) on either backend: such a pickle is refused, naming the field;
+    other names restore as the subclass's, in its slots or its __dict__."""
     from tokcy import _pickle
 
     class Table(backend.BlockTable):
-        pass
+        __slots__ = ("owner", "__dict__")
 
-    restored = _pickle.restore_block_table(Table, [3, 4], 0, 0, 0, {"_buffer": None, "_num_released": 5})
-    assert (restored.tolist(), restored.num_released, len(restored)) == ([3, 4], 0, 2)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match=f"^subclass attribute '{name}' is one of BlockTable's own fields$"):
+        _pickle.restore_block_table(Table, [3, 4], 0, 0, 0, {name: 5})
+    restored = _pickle.restore_block_table(Table, [3, 4], 0, 0, 0, {"owner": "me", "note": 1})
+    assert (restored.owner, restored.note, restored.tolist(), restored.num_released) == ("me", 1, [3, 4], 0)
+    table = Table([1, 2])
+    table.release_front(1)
+    table.owner = "you"
+    copied = copy.copy(table)
+    assert (type(copied), copied.owner, copied.view().tolist(), copied.num_released) == (Table, "you", [-1, 2], 1)
+    with pytest.raises(TypeError):  # the class itself takes no attributes
         _pickle.restore_block_table(backend.BlockTable, [3, 4], 0, 0, 0, {"extra": 1})

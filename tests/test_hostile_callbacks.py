@@ -180,7 +180,11 @@ def test_a_view_made_while_a_collection_grows_the_buffer_is_never_cached_stale(b
         assert request.get_tokens_view(0).tolist()[-1] == 99
         return state["ran"]
 
-    inside_a_call(attempt)
+    if backend.__name__ == "tokcy._pure":
+        inside_a_call(attempt)
+    else:  # the compiled view allocates nothing the collector tracks: no collection starts inside it
+        for slack in range(-2, 40):
+            attempt(slack)
 
 
 def test_release_front_keeps_a_write_made_by_python_code_inside_it(backend):
@@ -243,15 +247,15 @@ def chain_behind(view):
 def test_nothing_a_view_leads_to_can_free_the_memory_the_buffer_writes(backend, owner):
     """numpy's resize(refcheck=False) and __setstate__ ignore buffer exports and would
     free the memory under the compiled core's pointers. A view's chain of bases ends at the
-    compiled core's Storage (which has no method) or the twin's bytearray, which refuses to
-    resize while it is exported, and no numpy array in it owns that memory: replacing
-    their data with __setstate__ changes what those arrays show, never the buffer (both
-    backends)."""
+    compiled core's TokenArraySource (which keeps the storage and shows no way to it) or
+    the twin's bytearray, which refuses to resize while it is exported, and no numpy array
+    in it owns that memory: replacing their data with __setstate__ changes what those
+    arrays show, never the buffer (both backends)."""
     request = backend.Request(1, list(range(16)))
     request.block_tables[0].extend(range(8))
     view = request.get_tokens_view(0) if owner == "tokens" else request.block_tables[0].view()
     chain = chain_behind(view)
-    assert type(chain[-1]).__name__ == ("bytearray" if backend.__name__ == "tokcy._pure" else "Storage")
+    assert type(chain[-1]).__name__ == ("bytearray" if backend.__name__ == "tokcy._pure" else "TokenArraySource")
     if isinstance(chain[-1], bytearray):
         with pytest.raises(BufferError):
             chain[-1].extend(bytes(4096))
@@ -608,8 +612,8 @@ def test_two_first_calls_on_a_holder_share_one_writer_and_one_metadata(backend):
         state["calling"] = True
         writer = holder.writer(backend)
     metadata = holder.metadata.bound(backend)
-    if state["ran"] == "inside":
-        assert made["writer"] is writer and made["metadata"] is metadata
+    assert state["ran"] == "inside"  # (making the writer allocates what the collector tracks)
+    assert made["writer"] is writer and made["metadata"] is metadata
     assert holder.writer(backend) is writer
     decode = backend.Request(1, list(range(9)))
     decode.state = RequestState.GENERATION_IN_PROGRESS

@@ -456,9 +456,10 @@ def test_15_nothing_a_caller_can_reach_frees_the_memory_a_buffer_writes(backend)
     reached += [obj.base for obj in reached if isinstance(obj, np.ndarray) and obj.base is not None]
     reached += [obj.obj for obj in reached if isinstance(obj, memoryview)]
     kinds = {type(obj).__name__ for obj in reached}
-    # the walk reached the storage: the twin's bytearray, the compiled core's Storage
-    # (whose bytearray nothing a caller can reach leads to)
-    assert "memoryview" in kinds and kinds & {"bytearray", "Storage"}, kinds
+    # the walk reached the storage: the twin's bytearray (through a memoryview), the
+    # compiled core's TokenArraySource (which keeps the storage; no memoryview in between,
+    # nothing that leads to the bytearray)
+    assert kinds & {"bytearray", "TokenArraySource"}, kinds
     if backend.__name__ == "tokcy._pure":
         pytest.xfail("the twin's storage is numpy's frombuffer of a bytearray, whose export numpy keeps in a "
                      "memoryview anyone can release: pure Python cannot hold an export nothing can release "
@@ -510,6 +511,28 @@ def test_17_nothing_a_views_bases_lead_to_writes_the_tokens(backend):
         with pytest.raises(ValueError, match="cannot set WRITEABLE flag"):  # nor made writable through numpy
             np.frombuffer(found, dtype=np.uint8).setflags(write=True)
     assert request.get_tokens(0) == [1, 2, 3] and table.view().tolist() == [-1, 6, 7]
+
+
+def test_18_a_view_keeps_its_memory_whatever_its_bases_release(backend):
+    """A view alone keeps the storage it shows once the buffer moved to new storage:
+    releasing every memoryview its bases lead to must not free it (the compiled views'
+    bases held numpy's memoryview of the storage, whose release() freed it: the view then
+    read other requests' tokens)."""
+    request = backend.Request(1, list(range(64)))
+    view = request.get_tokens_view(0)
+    for _ in range(256):  # the buffer moves to new storage: only the view keeps the old one
+        request.add_new_token(7)
+    if backend.__name__ == "tokcy._pure":
+        pytest.xfail("the twin's views lead to numpy's memoryviews, which anyone can release: pure Python has "
+                     "no exporter that keeps memory whatever is released (docs/invariants.md)")
+    found = view.base
+    while found is not None:
+        following = found.obj if isinstance(found, memoryview) else getattr(found, "base", None)
+        if isinstance(found, memoryview):
+            found.release()
+        found = following
+    others = [backend.Request(2, [123_456] * 64) for _ in range(50)]  # reuses any block freed by mistake
+    assert view.tolist() == list(range(64)) and others[0].get_tokens(0)[0] == 123_456
 
 
 @pytest.mark.parametrize("holder", ["HostBuffers", "MetadataBuffers"])

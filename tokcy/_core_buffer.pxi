@@ -6,6 +6,7 @@
 # docs/change-tracking.md.
 
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
 
@@ -56,6 +57,25 @@ cdef class Storage:
 
     def __releasebuffer__(self, Py_buffer* buffer):
         pass
+
+
+@cython.final
+@cython.no_gc  # holds a Storage only, and hands it to no one
+cdef class TokenArraySource:
+    """A token buffer's entries as numpy reads them (``np.asarray(source)``): a read-only
+    int32 array whose base is this object, which keeps the Storage and shows no way to it.
+    ``np.frombuffer(storage)`` would put a memoryview in between, which anyone reaching
+    the array's bases can ``release()``: the view would then no longer keep the memory it
+    shows, and read it freed once the buffer moved to new storage."""
+    cdef Storage storage
+
+    @property
+    def __array_interface__(self):
+        return {"shape": (self.storage.export.len // sizeof(int32_t),), "typestr": INT32_TYPESTR,
+                "data": (<uintptr_t>self.storage.export.buf, True), "version": 3}
+
+
+cdef object INT32_TYPESTR = np.dtype(np.int32).str  # "<i4" on a little-endian machine
 
 
 cdef Storage new_storage(Py_ssize_t capacity):
@@ -283,9 +303,12 @@ cdef class Int32Buffer:
 
     cdef object view(self, Py_ssize_t begin, Py_ssize_t end):
         """Read-only snapshot of [begin, end) (clamped to the size), zero-copy."""
+        cdef TokenArraySource source
         while self.readonly is None:
             storage = self.storage
-            readonly = np.frombuffer(storage, dtype=np.int32)  # (the Storage exports it read-only)
+            source = TokenArraySource.__new__(TokenArraySource)
+            source.storage = <Storage>storage
+            readonly = np.asarray(source)  # read-only, based on the source, which keeps the storage
             if self.storage is storage:  # else code that ran meanwhile replaced it: again
                 self.readonly = readonly
         readonly = self.readonly

@@ -18,39 +18,53 @@ def restore_request(cls, state):
 
 def subclass_attributes(obj, base):
     """The attributes a Python subclass of ``base`` gave ``obj``: the values of the
-    ``__slots__`` the subclasses declare (those set) and its ``__dict__``, as one dict, or
-    None when there are none (``base``'s own fields are pickled by name)."""
+    ``__slots__`` the subclasses declare (those set; a slot declared twice, the one an
+    attribute read finds) and its ``__dict__``, as one dict, or None when there are none.
+    ``base``'s own fields are pickled by name, never from here."""
     found = {}
     for cls in type(obj).__mro__:
         if cls is base:
             break
         slots = cls.__dict__.get("__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:
-            if name in ("__dict__", "__weakref__"):
-                continue
             if name.startswith("__") and not name.endswith("__"):
                 name = f"_{cls.__name__.lstrip('_')}{name}"  # as Python mangles a private slot
             member = cls.__dict__.get(name)
-            if type(member) is types.MemberDescriptorType:
+            if type(member) is types.MemberDescriptorType and name not in found and not _own_field(base, name):
                 try:
                     found[name] = member.__get__(obj, cls)
                 except AttributeError:  # declared, never set
                     pass
-    found.update(getattr(obj, "__dict__", None) or {})
+    for name, value in (getattr(obj, "__dict__", None) or {}).items():
+        found.setdefault(name, value)
     return found or None
 
 
 def restore_subclass_attributes(obj, base, attributes):
     """Give a restored ``obj`` what ``subclass_attributes`` took: each slot a subclass of
     ``base`` declares through its member descriptor, the rest into its ``__dict__`` (no
-    subclass code runs, neither its ``__setattr__`` nor its properties; ``base``'s own
-    fields are never set from here)."""
+    subclass code runs, neither its ``__setattr__`` nor its properties). A name that is one
+    of ``base``'s own fields (or methods) is refused: they are restored by name alone."""
+    for name in attributes:
+        if not isinstance(name, str):
+            raise TypeError(f"a subclass attribute's name must be a str, not {type(name).__name__}")
+        if _own_field(base, name):
+            raise ValueError(f"subclass attribute {name!r} is one of {base.__name__}'s own fields")
     for name, value in attributes.items():
         member = _subclass_slot(type(obj), base, name)
         if member is not None:
             member.__set__(obj, value)
         else:
             vars(obj)[name] = value
+
+
+def _own_field(base, name):
+    """Whether ``name`` is a field or method of ``base`` (a backend's ``Request`` or
+    ``BlockTable``) on either backend: the twin's class declares every field as a slot,
+    so both refuse the same names."""
+    from tokcy._pure import request as twin
+
+    return hasattr(base, name) or hasattr(getattr(twin, base.__name__), name)
 
 
 def _subclass_slot(cls, base, name):

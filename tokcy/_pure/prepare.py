@@ -63,7 +63,7 @@ class InputWriter:
         if self._metadata is not None and self._metadata.busy:
             _checks.metadata_busy()
         self._busy = True
-        if self._metadata is not None:  # set_metadata is refused while busy: the same one at _leave
+        if self._metadata is not None:  # set_metadata is refused while busy: the same one when it drops
             self._metadata.busy = True
 
     def set_metadata(self, metadata):
