@@ -80,10 +80,10 @@ cdef object INT32_TYPESTR = np.dtype(np.int32).str  # "<i4" on a little-endian m
 
 cdef Storage new_storage(Py_ssize_t capacity):
     """A token buffer's storage for ``capacity`` int32 entries (not initialised). Its views
-    are made from the Storage, read-only, so no numpy array that a caller can reach owns
-    that memory (numpy's ``resize(refcheck=False)`` and ``__setstate__`` ignore exports)
-    or can write it. No Python code runs here: neither object is tracked by the garbage
-    collector, so no collection starts."""
+    are made through a TokenArraySource, read-only, so no numpy array that a caller can
+    reach owns that memory (numpy's ``resize(refcheck=False)`` and ``__setstate__`` ignore
+    exports) or can write it; its own buffer export is read-only too. No Python code runs
+    here: neither object is tracked by the garbage collector, so no collection starts."""
     cdef Storage storage = new_byte_storage(capacity * sizeof(int32_t))
     storage.read_only = True
     return storage
