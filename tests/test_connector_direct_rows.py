@@ -133,7 +133,7 @@ def test_a_failed_call_after_rows_written_to_the_arrays_changes_nothing(backend)
 def test_code_run_by_the_allocation_cannot_reach_the_arrays_being_replaced(backend, monkeypatch):
     """The rows written straight into the kept arrays move into new ones when a later row
     outgrows them. Allocating those can run Python code (a collection, hence a gc
-    callback; here numpy's ``empty`` or ``frombuffer`` itself runs it): code that looks
+    callback; here numpy's ``empty``, ``frombuffer`` or ``asarray`` itself runs it): code that looks
     for the kept arrays in every tracked container and resizes them, which would free the
     memory the move copies from. It finds none, and the report is whole."""
     import gc
@@ -168,6 +168,7 @@ def test_code_run_by_the_allocation_cannot_reach_the_arrays_being_replaced(backe
     with monkeypatch.context() as patch:
         patch.setattr(np, "empty", hostile(np.empty))
         patch.setattr(np, "frombuffer", hostile(np.frombuffer))
+        patch.setattr(np, "asarray", hostile(np.asarray))
         output = manager.build_scheduler_output([], [a, b, d])
     assert resized == []
     # compiled: views of the new int64 and int32 memory; the twin: its joined tokens and block ids

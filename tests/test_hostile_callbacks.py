@@ -247,7 +247,7 @@ def chain_behind(view):
 def test_nothing_a_view_leads_to_can_free_the_memory_the_buffer_writes(backend, owner):
     """numpy's resize(refcheck=False) and __setstate__ ignore buffer exports and would
     free the memory under the compiled core's pointers. A view's chain of bases ends at the
-    compiled core's TokenArraySource (which keeps the storage and shows no way to it) or
+    compiled core's ArraySource (which keeps the storage and shows no way to it) or
     the twin's bytearray, which refuses to resize while it is exported, and no numpy array
     in it owns that memory: replacing their data with __setstate__ changes what those
     arrays show, never the buffer (both backends)."""
@@ -255,7 +255,7 @@ def test_nothing_a_view_leads_to_can_free_the_memory_the_buffer_writes(backend, 
     request.block_tables[0].extend(range(8))
     view = request.get_tokens_view(0) if owner == "tokens" else request.block_tables[0].view()
     chain = chain_behind(view)
-    assert type(chain[-1]).__name__ == ("bytearray" if backend.__name__ == "tokcy._pure" else "TokenArraySource")
+    assert type(chain[-1]).__name__ == ("bytearray" if backend.__name__ == "tokcy._pure" else "ArraySource")
     if isinstance(chain[-1], bytearray):
         with pytest.raises(BufferError):
             chain[-1].extend(bytes(4096))

@@ -457,9 +457,9 @@ def test_15_nothing_a_caller_can_reach_frees_the_memory_a_buffer_writes(backend)
     reached += [obj.obj for obj in reached if isinstance(obj, memoryview)]
     kinds = {type(obj).__name__ for obj in reached}
     # the walk reached the storage: the twin's bytearray (through a memoryview), the
-    # compiled core's TokenArraySource (which keeps the storage; no memoryview in between,
+    # compiled core's ArraySource (which keeps the storage; no memoryview in between,
     # nothing that leads to the bytearray)
-    assert kinds & {"bytearray", "TokenArraySource"}, kinds
+    assert kinds & {"bytearray", "ArraySource"}, kinds
     if backend.__name__ == "tokcy._pure":
         pytest.xfail("the twin's storage is numpy's frombuffer of a bytearray, whose export numpy keeps in a "
                      "memoryview anyone can release: pure Python cannot hold an export nothing can release "
@@ -513,6 +513,16 @@ def test_17_nothing_a_views_bases_lead_to_writes_the_tokens(backend):
     assert request.get_tokens(0) == [1, 2, 3] and table.view().tolist() == [-1, 6, 7]
 
 
+def release_every_memoryview_behind(array):
+    """Release each memoryview that ``array``'s chain of bases leads to (as any caller may)."""
+    found = array.base
+    while found is not None:
+        following = found.obj if isinstance(found, memoryview) else getattr(found, "base", None)
+        if isinstance(found, memoryview):
+            found.release()
+        found = following
+
+
 def test_18_a_view_keeps_its_memory_whatever_its_bases_release(backend):
     """A view alone keeps the storage it shows once the buffer moved to new storage:
     releasing every memoryview its bases lead to must not free it (the compiled views'
@@ -525,14 +535,22 @@ def test_18_a_view_keeps_its_memory_whatever_its_bases_release(backend):
     if backend.__name__ == "tokcy._pure":
         pytest.xfail("the twin's views lead to numpy's memoryviews, which anyone can release: pure Python has "
                      "no exporter that keeps memory whatever is released (docs/invariants.md)")
-    found = view.base
-    while found is not None:
-        following = found.obj if isinstance(found, memoryview) else getattr(found, "base", None)
-        if isinstance(found, memoryview):
-            found.release()
-        found = following
+    release_every_memoryview_behind(view)
     others = [backend.Request(2, [123_456] * 64) for _ in range(50)]  # reuses any block freed by mistake
     assert view.tolist() == list(range(64)) and others[0].get_tokens(0)[0] == 123_456
+
+
+def test_18b_an_output_array_keeps_its_memory_whatever_its_bases_release(backend):
+    """The same for an array a HostBuffers allocated, once the holder is gone: it lies in
+    the compiled core's memory, and its bases must keep that memory (they held numpy's
+    memoryview of it, whose release() freed it under the array)."""
+    holder = HostBuffers(4096, 8)
+    array = holder.input_ids
+    array[:] = 7
+    del holder
+    release_every_memoryview_behind(array)
+    churn = [bytearray(4096 * 4) for _ in range(50)]  # reuses any block freed by mistake
+    assert (array == 7).all() and len(churn) == 50
 
 
 @pytest.mark.parametrize("holder", ["HostBuffers", "MetadataBuffers"])

@@ -20,6 +20,9 @@ _TokenIds: TypeAlias = Sequence[SupportsIndex] | npt.NDArray[np.integer]
 def zeroed_memory(num_bytes: int) -> Any:
     """Zeroed memory the compiled core owns, for numpy arrays writers are bound to."""
 
+def zeroed_array(count: int, dtype: Any) -> npt.NDArray[Any]:
+    """``count`` zeros of ``dtype`` in memory the compiled core owns, as a 1-D numpy array."""
+
 @disjoint_base
 class BlockTable:
     """Growable int32 list of the KV-cache block ids assigned to one request.

@@ -11,6 +11,9 @@ from libc.string cimport memset
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
 
 cdef Py_ssize_t MIN_CAPACITY = 16
+cdef object INT64_DTYPE = np.dtype(np.int64)  # the dtypes of the arrays the core shows its memory as
+cdef object INT32_DTYPE = np.dtype(np.int32)
+cdef object BOOL_DTYPE = np.dtype(np.bool_)
 cdef char* BYTE_FORMAT = b"B"  # a Storage's buffer format: unsigned bytes
 
 
@@ -61,26 +64,27 @@ cdef class Storage:
 
 @cython.final
 @cython.no_gc  # holds a Storage only, and hands it to no one
-cdef class TokenArraySource:
-    """A token buffer's entries as numpy reads them (``np.asarray(source)``): a read-only
-    int32 array whose base is this object, which keeps the Storage and shows no way to it.
-    ``np.frombuffer(storage)`` would put a memoryview in between, which anyone reaching
-    the array's bases can ``release()``: the view would then no longer keep the memory it
-    shows, and read it freed once the buffer moved to new storage."""
+cdef class ArraySource:
+    """A Storage's bytes as numpy reads them (``np.asarray(source)``, storage_array()): a
+    1-D array of one dtype whose base is this object, which keeps the Storage and shows no
+    way to it (read-only for a token buffer's views). ``np.frombuffer(storage)`` would
+    put a memoryview in between, which anyone reaching the array's bases can
+    ``release()``: the array would then no longer keep the memory it shows, and read it
+    freed once nothing else held it (a view, once its buffer moved on)."""
     cdef Storage storage
+    cdef object typestr
+    cdef Py_ssize_t itemsize
+    cdef bint read_only
 
     @property
     def __array_interface__(self):
-        return {"shape": (self.storage.export.len // sizeof(int32_t),), "typestr": INT32_TYPESTR,
-                "data": (<uintptr_t>self.storage.export.buf, True), "version": 3}
-
-
-cdef object INT32_TYPESTR = np.dtype(np.int32).str  # "<i4" on a little-endian machine
+        return {"shape": (self.storage.export.len // self.itemsize,), "typestr": self.typestr,
+                "data": (<uintptr_t>self.storage.export.buf, self.read_only), "version": 3}
 
 
 cdef Storage new_storage(Py_ssize_t capacity):
     """A token buffer's storage for ``capacity`` int32 entries (not initialised). Its views
-    are made through a TokenArraySource, read-only, so no numpy array that a caller can
+    are made through an ArraySource, read-only, so no numpy array that a caller can
     reach owns that memory (numpy's ``resize(refcheck=False)`` and ``__setstate__`` ignore
     exports) or can write it; its own buffer export is read-only too. No Python code runs
     here: neither object is tracked by the garbage collector, so no collection starts."""
@@ -111,10 +115,25 @@ def zeroed_memory(Py_ssize_t num_bytes):
     return memory
 
 
-cdef object storage_array(Storage memory, object dtype):
-    """A numpy array of ``dtype`` over all of ``memory``, leading back to it through its
-    bases (so whoever holds the array keeps the memory), and not owning it."""
-    return np.frombuffer(memory, dtype=dtype)
+cdef object storage_array(Storage memory, object dtype, bint read_only=False):
+    """A numpy array of ``dtype`` over all of ``memory``, not owning it: its base is an
+    ArraySource, which keeps the memory for whoever holds the array (no memoryview in
+    between that could be released)."""
+    cdef ArraySource source = ArraySource.__new__(ArraySource)
+    dtype = np.dtype(dtype)
+    source.storage = memory
+    source.typestr = dtype.str
+    source.itemsize = dtype.itemsize
+    source.read_only = read_only
+    return np.asarray(source)
+
+
+def zeroed_array(Py_ssize_t count, dtype):
+    """``count`` zeros of ``dtype`` in memory the compiled core owns (``zeroed_memory``),
+    as a writable 1-D numpy array that does not own it (storage_array())."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    return storage_array(zeroed_memory(count * np.dtype(dtype).itemsize), dtype)
 
 
 cdef inline int32_t* storage_data(object storage) noexcept:
@@ -303,12 +322,9 @@ cdef class Int32Buffer:
 
     cdef object view(self, Py_ssize_t begin, Py_ssize_t end):
         """Read-only snapshot of [begin, end) (clamped to the size), zero-copy."""
-        cdef TokenArraySource source
         while self.readonly is None:
             storage = self.storage
-            source = TokenArraySource.__new__(TokenArraySource)
-            source.storage = <Storage>storage
-            readonly = np.asarray(source)  # read-only, based on the source, which keeps the storage
+            readonly = storage_array(<Storage>storage, INT32_DTYPE, True)
             if self.storage is storage:  # else code that ran meanwhile replaced it: again
                 self.readonly = readonly
         readonly = self.readonly

@@ -234,9 +234,6 @@ cdef enum:  # numpy's NPY_ARRAY_* flag bits (ABI too), all three needed to write
 
 # the dtypes of the arena's arrays, held here so that a dtype compared by identity can
 # never be another one at the same address
-cdef object INT64_DTYPE = np.dtype(np.int64)
-cdef object INT32_DTYPE = np.dtype(np.int32)
-cdef object BOOL_DTYPE = np.dtype(np.bool_)
 cdef object NDARRAY = np.ndarray
 
 

@@ -1,8 +1,9 @@
 """Zeroed arrays for the holders' outputs (``HostBuffers``, ``MetadataBuffers``).
 
-With the compiled core they lie in memory it owns (``tokcy._core.zeroed_memory``): numpy
+With the compiled core they lie in memory it owns (``tokcy._core.zeroed_array``): numpy
 frees no memory an array does not own, so neither ``resize`` nor ``__setstate__`` of an
-output array can free what a writer bound to it writes, and the writer keeps that memory
+output array can free what a writer bound to it writes, and the array's base (an object
+with no method, no memoryview anyone could release) keeps that memory, as does a writer
 for as long as it is bound (``tokcy._invariants.resize_guards``). Without it, the pure twin
 writes through the arrays themselves, and plain numpy arrays serve.
 """
@@ -10,15 +11,14 @@ writes through the arrays themselves, and plain numpy arrays serve.
 import numpy as np
 
 try:
-    from tokcy._core import zeroed_memory
+    from tokcy._core import zeroed_array
 except ImportError:  # no compiled core: the twin has no pointer to protect
-    zeroed_memory = None
+    zeroed_array = None
 
 
 def zeros(shape, dtype):
     """A zero-filled C-contiguous array of ``shape`` (an int or a tuple) and ``dtype``."""
     dtype = np.dtype(dtype)
-    if zeroed_memory is None:
+    if zeroed_array is None:
         return np.zeros(shape, dtype)
-    count = int(np.prod(shape, dtype=np.int64))
-    return np.frombuffer(zeroed_memory(count * dtype.itemsize), dtype=dtype).reshape(shape)
+    return zeroed_array(int(np.prod(shape, dtype=np.int64)), dtype).reshape(shape)
