@@ -486,7 +486,7 @@ def test_15_nothing_a_caller_can_reach_frees_the_memory_a_buffer_writes(backend)
 def test_17_nothing_a_views_bases_lead_to_writes_the_tokens(backend):
     """A view is a read-only snapshot, and so is everything its bases lead to: no object
     reached from a token view or a block table's view exports its memory writable (the
-    compiled views lead to the Storage, which exports a token buffer's bytes read-only; they
+    compiled views lead to an ArraySource, which shows the storage read-only; they
     led to the bytearray, through which a caller rewrote a table's released entry)."""
     request = backend.Request(1, [1, 2, 3])
     table = request.block_tables[0]

@@ -17,9 +17,6 @@ from tokcy.connector.output import RequestData as _DocumentedRequestData
 # token or block ids: a sequence of ints or an integer numpy array (checked to fit int32)
 _TokenIds: TypeAlias = Sequence[SupportsIndex] | npt.NDArray[np.integer]
 
-def zeroed_memory(num_bytes: int) -> Any:
-    """Zeroed memory the compiled core owns, for numpy arrays writers are bound to."""
-
 def zeroed_array(count: int, dtype: Any) -> npt.NDArray[Any]:
     """``count`` zeros of ``dtype`` in memory the compiled core owns, as a 1-D numpy array."""
 

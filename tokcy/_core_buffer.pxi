@@ -5,7 +5,7 @@
 # and table_dirty_from with table_stamp (the device block table's); see
 # docs/change-tracking.md.
 
-from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
@@ -14,52 +14,24 @@ cdef Py_ssize_t MIN_CAPACITY = 16
 cdef object INT64_DTYPE = np.dtype(np.int64)  # the dtypes of the arrays the core shows its memory as
 cdef object INT32_DTYPE = np.dtype(np.int32)
 cdef object BOOL_DTYPE = np.dtype(np.bool_)
-cdef char* BYTE_FORMAT = b"B"  # a Storage's buffer format: unsigned bytes
 
 
 @cython.final
 @cython.no_gc  # holds a bytearray only (no cycle), and hands it to no one through gc.get_referents
 cdef class Storage:
-    """Memory the compiled core writes (a buffer's entries, the connector's report arrays):
-    a bytearray, and a buffer export of it held in C for as long as this lives, so nothing
-    can resize the bytearray and free the memory. It has no method: unlike a memoryview,
-    which the garbage collector's introspection hands out, it cannot be released from
-    Python. The numpy arrays shown over it do not own it: neither their ``resize`` nor
+    """Memory the compiled core writes (a buffer's entries, the connector's report arrays,
+    the holders' arrays): a bytearray, and a buffer export of it held in C for as long as
+    this lives, so nothing can resize the bytearray and free the memory. It has no method
+    and exports nothing: unlike a memoryview, which the garbage collector's introspection
+    hands out, it cannot be released from Python. numpy sees its bytes only through an
+    ArraySource; the arrays shown over it do not own it, so neither their ``resize`` nor
     their ``__setstate__`` can free it."""
     cdef object bytes_owner
     cdef Py_buffer export
-    cdef bint read_only    # a token buffer's: exported read-only (its views), written by the core alone
 
     def __dealloc__(self):
         if self.bytes_owner is not None:
             PyBuffer_Release(&self.export)
-
-    def __getbuffer__(self, Py_buffer* buffer, int flags):
-        # the bytes, with this Storage as their owner: a numpy array made over it leads
-        # back here through its bases, so a writer bound to the array keeps it. A token
-        # buffer's are read-only: its views lead here, and no base of theirs writes
-        if self.read_only and (flags & PyBUF_WRITABLE) == PyBUF_WRITABLE:
-            raise BufferError("a token buffer's memory is read-only: tokcy alone writes it")
-        buffer.buf = self.export.buf
-        buffer.len = self.export.len
-        buffer.readonly = self.read_only
-        buffer.itemsize = 1
-        buffer.format = NULL
-        if flags & PyBUF_FORMAT:
-            buffer.format = BYTE_FORMAT
-        buffer.ndim = 1
-        buffer.shape = NULL
-        if (flags & PyBUF_ND) == PyBUF_ND:
-            buffer.shape = &self.export.len
-        buffer.strides = NULL
-        if (flags & PyBUF_STRIDES) == PyBUF_STRIDES:
-            buffer.strides = &buffer.itemsize
-        buffer.suboffsets = NULL
-        buffer.internal = NULL
-        buffer.obj = self
-
-    def __releasebuffer__(self, Py_buffer* buffer):
-        pass
 
 
 @cython.final
@@ -84,13 +56,11 @@ cdef class ArraySource:
 
 cdef Storage new_storage(Py_ssize_t capacity):
     """A token buffer's storage for ``capacity`` int32 entries (not initialised). Its views
-    are made through an ArraySource, read-only, so no numpy array that a caller can
-    reach owns that memory (numpy's ``resize(refcheck=False)`` and ``__setstate__`` ignore
-    exports) or can write it; its own buffer export is read-only too. No Python code runs
-    here: neither object is tracked by the garbage collector, so no collection starts."""
-    cdef Storage storage = new_byte_storage(capacity * sizeof(int32_t))
-    storage.read_only = True
-    return storage
+    are made through an ArraySource, read-only, so no numpy array that a caller can reach
+    owns that memory (numpy's ``resize(refcheck=False)`` and ``__setstate__`` ignore
+    exports) or can write it. No Python code runs here: neither object is tracked by the
+    garbage collector, so no collection starts."""
+    return new_byte_storage(capacity * sizeof(int32_t))
 
 
 cdef Storage new_byte_storage(Py_ssize_t num_bytes):
@@ -100,19 +70,6 @@ cdef Storage new_byte_storage(Py_ssize_t num_bytes):
     PyObject_GetBuffer(owner, &storage.export, PyBUF_WRITABLE)
     storage.bytes_owner = owner
     return storage
-
-
-def zeroed_memory(Py_ssize_t num_bytes):
-    """``num_bytes`` zeroed bytes of memory the compiled core owns (a Storage), for numpy
-    arrays that writers are bound to (``np.frombuffer(zeroed_memory(n), dtype)``): numpy
-    frees no memory an array does not own, so neither ``resize`` nor ``__setstate__`` of
-    such an array frees what a writer writes, and a writer bound to one keeps its Storage."""
-    if num_bytes < 0:
-        raise ValueError(f"num_bytes must be >= 0, got {num_bytes}")
-    cdef Storage memory = new_byte_storage(num_bytes)
-    if num_bytes:
-        memset(memory.export.buf, 0, num_bytes)
-    return memory
 
 
 cdef object storage_array(Storage memory, object dtype, bint read_only=False):
@@ -129,11 +86,17 @@ cdef object storage_array(Storage memory, object dtype, bint read_only=False):
 
 
 def zeroed_array(Py_ssize_t count, dtype):
-    """``count`` zeros of ``dtype`` in memory the compiled core owns (``zeroed_memory``),
-    as a writable 1-D numpy array that does not own it (storage_array())."""
+    """``count`` zeros of ``dtype`` in memory the compiled core owns (a Storage), as a
+    writable 1-D numpy array that does not own it (storage_array()), for the arrays
+    writers are bound to: no ``resize`` or ``__setstate__`` of it frees what a writer
+    writes, and a writer bound to it keeps its ArraySource, hence the Storage."""
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
-    return storage_array(zeroed_memory(count * np.dtype(dtype).itemsize), dtype)
+    dtype = np.dtype(dtype)
+    cdef Storage memory = new_byte_storage(count * dtype.itemsize)
+    if count:
+        memset(memory.export.buf, 0, count * dtype.itemsize)
+    return storage_array(memory, dtype)
 
 
 cdef inline int32_t* storage_data(object storage) noexcept:
