@@ -109,7 +109,7 @@ def batch(module, pool, rng):
 
 def outcome(state, generation, device):
     try:
-        _, columns = state.build([], generation, device)
+        columns = state.build([], generation, device)
     except (TypeError, ValueError) as error:
         return type(error).__name__, str(error)
     return [column.tolist() for column in columns.arrays()]

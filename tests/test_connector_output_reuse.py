@@ -271,3 +271,47 @@ def test_an_output_made_by_hand_gives_back_the_columns_given(backend):
     with pytest.raises(AttributeError):
         made.tokens = given["tokens"]
     assert made.tokens is given["tokens"]
+
+
+def test_an_array_changed_while_its_report_is_written_is_not_handed_on(backend, monkeypatch, array_reads):
+    """A kept array revived from a weak reference and given other memory (``__setstate__``)
+    by code that runs while a report is written (here the allocation of the array that
+    report outgrew): the copy still writes the arena's memory, and the report shows that
+    memory (the compiled report makes its own view of it, on first read), never the
+    array's new contents; the next report replaces the array."""
+    import weakref
+
+    for mode in array_reads:
+        use(backend, mode)
+        manager, requests = decoding(backend, 3)
+        seen = step(manager, requests, 7)
+        kept = weakref.ref(seen.request_ids.base) if seen.request_ids.base is not None else None
+        del seen
+        for request in requests:  # as many rows (the int64 array fits), far more tokens (the int32 one does not)
+            for token in range(200):
+                request.add_new_token(1000 + token)
+        changed = []
+
+        def hostile(make):
+            def allocate(*args, **kwargs):
+                array = kept() if kept is not None else None
+                if array is not None and not changed:
+                    array.__setstate__((1, (4,), np.dtype(np.int64), False, np.full(4, -5, np.int64).tobytes()))
+                    changed.append(array)
+                del array
+                return make(*args, **kwargs)
+            return allocate
+
+        with monkeypatch.context() as patch:
+            patch.setattr(np, "asarray", hostile(np.asarray))
+            patch.setattr(np, "empty", hostile(np.empty))
+            output = manager.build_scheduler_output([], requests)
+        assert len(changed) == (1 if is_compiled(backend) else 0)
+        changed.clear()
+        row = output.request_data(2)  # first: its rows read the arrays before any column is made
+        assert (row.request_id, row.computed_position, row.new_tokens) == (2, 203, list(range(1000, 1200)))
+        got = columns(output)
+        assert got["request_ids"] == [0, 1, 2] and got["computed_positions"] == [203, 203, 203]
+        assert got["token_offsets"] == [0, 200, 400, 600]
+        assert got["tokens"] == list(range(1000, 1200)) * 3
+        assert columns(step(manager, requests, 8))["tokens"] == [8, 8, 8]

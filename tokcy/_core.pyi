@@ -264,6 +264,8 @@ class _ColumnsByName:
 
 @final
 class ReportColumns(_ColumnsByName):
+    @property
+    def num_context(self) -> int: ...  # the report's context rows (they come first)
     def arrays(self) -> tuple[
         npt.NDArray[np.int64],  # request_ids
         npt.NDArray[np.bool_],  # is_new
@@ -298,7 +300,7 @@ class ReportState:
         context_requests: Iterable[Request],
         generation_requests: Iterable[Request],
         device_token_requests: Iterable[Request] = (),
-    ) -> tuple[int, ReportColumns]: ...
+    ) -> ReportColumns: ...
     def record_matched_tokens(self, request_id: SupportsIndex, num_tokens: SupportsIndex) -> None: ...
     def reset_request(self, request_id: SupportsIndex) -> None: ...
     def request_finished(self, request_id: SupportsIndex) -> None: ...

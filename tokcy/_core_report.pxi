@@ -15,7 +15,8 @@
 #   slots inserted for never-seen ids are undone if anything fails); pass 2 copies the
 #   deltas into the output arena (tokcy/_core_report_output.pxi: arrays reused while
 #   nobody else references them) and commits the slots. A failing call changes neither
-#   the manager nor any request.
+#   the manager nor any request. The report's object is made before the plan, so nothing
+#   can fail from pass 2 on: a report once written is returned, never lost.
 # * The common row (a generation or device-token row of an exact Request, reported before
 #   and not paused since, its slot hint valid, its group count unchanged) takes a fast
 #   plan (plan_fast_rows, in _core_report_fast.pxi): borrowed pointers, no check that can raise, its slot
@@ -309,8 +310,9 @@ cdef class ReportState:
 
     # ------------------------------------------------------------------ public calls
     def build(self, context_requests, generation_requests, device_token_requests=()):
-        """Report one iteration; returns (number of context rows, the report's columns: a
-        ReportColumns, whose ``arrays()`` are tokcy.connector.SchedulerOutput's columns)."""
+        """Report one iteration; returns the report's columns: a ReportColumns, whose
+        ``arrays()`` are tokcy.connector.SchedulerOutput's columns (``num_context``: its
+        context rows)."""
         cdef list groups
         cdef Py_ssize_t kind
         cdef Py_ssize_t index
@@ -339,6 +341,8 @@ cdef class ReportState:
             # too. A list is read in place: nothing below runs Python code before the plan
             # is complete, so it cannot change under pass 1, and pass 2 never reads it.
             groups = [as_list(context_requests), as_list(generation_requests), as_list(device_token_requests)]
+            # the report's object now, while a failure loses nothing: from pass 2 on nothing can fail
+            columns = ReportColumns.__new__(ReportColumns)
             arena.inspect()  # before the plan: this may run Python code (numpy's buffer export)
             # the lists' lengths once no Python code can change them before the plan reads them
             num_context = len(<list>groups[0])
@@ -455,12 +459,11 @@ cdef class ReportState:
             # the report takes its arrays before the guard drops: from then on the arena
             # sees them referenced and writes the next report elsewhere (a build let in
             # earlier, by Python code run here, would write into them)
-            arena.settle()
-            columns = arena.columns(batch, total_segments, total_tokens, total_blocks)
+            arena.fill(columns, num_context, batch, total_segments, total_tokens, total_blocks)
         finally:
             self._release_held()
             self.busy = False
-        return num_context, columns
+        return columns
 
     def record_matched_tokens(self, request_id, num_tokens):
         cdef int64_t key = _tokens.as_integer(request_id, "request_id")

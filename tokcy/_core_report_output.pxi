@@ -18,7 +18,9 @@
 # every report written into it): numpy frees no memory it does not own, so no resize or
 # __setstate__ of an array (reached through a column's base, or revived through a weak
 # reference from another thread while the copy runs without the GIL) frees the memory
-# under the copy, and the check before each report confirms that the array still shows it.
+# under the copy, and the check before each report confirms that the array still shows it
+# (after the copy, an array that no longer does is not handed to the report: the report
+# makes its own view of the memory written, when first read).
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release
 
@@ -105,11 +107,32 @@ cdef class ReportColumns:
     cdef Storage int64_memory          # the Storage each array shows (kept as long as the report)
     cdef Storage int32_memory
     cdef Storage bool_memory
+    cdef readonly Py_ssize_t num_context
+    """The report's context rows (they come first)."""
     cdef Py_ssize_t batch
     cdef Py_ssize_t num_segments
     cdef Py_ssize_t num_tokens
     cdef Py_ssize_t num_blocks
     cdef list made                     # the columns made so far, by COLUMNS index (None: not yet)
+
+    cdef object wide(self):
+        """The int64 array (None until first read if the arena's no longer showed the
+        memory written: OutputArena.fill)."""
+        if self.int64_array is None:
+            self.int64_array = storage_array(self.int64_memory, INT64_DTYPE)
+        return self.int64_array
+
+    cdef object narrow(self):
+        """The int32 array (the tokens, then the block ids), as ``wide``."""
+        if self.int32_array is None:
+            self.int32_array = storage_array(self.int32_memory, INT32_DTYPE)
+        return self.int32_array
+
+    cdef object flags(self):
+        """The bool array (is_new), as ``wide``."""
+        if self.bool_array is None:
+            self.bool_array = storage_array(self.bool_memory, BOOL_DTYPE)
+        return self.bool_array
 
     cdef object column(self, Py_ssize_t index):
         """Column ``index`` (COLUMNS' order): made on the first read (wide_layout's places)."""
@@ -123,13 +146,13 @@ cdef class ReportColumns:
         place = WIDE_PLACE[index]
         if place >= 0:
             at = wide_layout(self.batch, self.num_segments)
-            column = self.int64_array[at.start[place] : at.start[place + 1]]
+            column = self.wide()[at.start[place] : at.start[place + 1]]
         elif index == 1:
-            column = self.bool_array[0 : self.batch]
+            column = self.flags()[0 : self.batch]
         elif index == 6:
-            column = self.int32_array[0 : self.num_tokens]
+            column = self.narrow()[0 : self.num_tokens]
         else:  # 9
-            column = self.int32_array[self.num_tokens : self.num_tokens + self.num_blocks]
+            column = self.narrow()[self.num_tokens : self.num_tokens + self.num_blocks]
         self.made[index] = column
         return column
 
@@ -330,17 +353,16 @@ cdef inline void shows_own_memory(ArenaArray* slot, Storage memory, Py_ssize_t i
         slot.capacity = 0
 
 
-cdef object shown(object array, Storage memory, object dtype, Py_ssize_t itemsize, char format_code):
-    """``array`` if it still shows all of ``memory``, else a new view of it."""
+cdef inline bint shows(object array, Storage memory, object dtype, Py_ssize_t itemsize, char format_code) noexcept:
+    """Whether ``array`` still shows all of ``memory`` (this may run Python code, in numpy's
+    buffer export when it refuses; it cannot fail)."""
     cdef Py_ssize_t capacity = 0
     cdef void* data
     if READ_ARRAY_FIELDS:
         data = data_by_fields(<PyObject*>array, dtype, itemsize, &capacity)
     else:
         data = data_by_export(<PyObject*>array, itemsize, format_code, &capacity)
-    if data == memory.export.buf and capacity * itemsize == memory.export.len:
-        return array
-    return storage_array(memory, dtype)
+    return data == memory.export.buf and capacity * itemsize == memory.export.len
 
 
 @cython.final
@@ -393,15 +415,6 @@ cdef class OutputArena:
             self.bool_array = storage_array(self.bool_memory, BOOL_DTYPE)
         return 0
 
-    cdef int settle(self) except -1:
-        """After a copy: an array that no longer shows the memory written (a caller's
-        ``__setstate__`` from another thread while the copy ran) gives way to a new view
-        of that memory, so the report shows what was written (this may run Python code)."""
-        self.int64_array = shown(self.int64_array, self.int64_memory, INT64_DTYPE, 8, b"i"[0])
-        self.int32_array = shown(self.int32_array, self.int32_memory, INT32_DTYPE, 4, b"i"[0])
-        self.bool_array = shown(self.bool_array, self.bool_memory, BOOL_DTYPE, 1, b"?"[0])
-        return 0
-
     cdef Storage _new(self, ArenaArray* slot, Py_ssize_t itemsize, Py_ssize_t needed):
         """The arena's own memory for ``needed`` entries and a quarter more; ``slot`` points
         into it (what the copy writes is this memory, whichever array shows it)."""
@@ -412,18 +425,24 @@ cdef class OutputArena:
         self.num_allocations += 1
         return memory
 
-    cdef ReportColumns columns(self, Py_ssize_t batch, Py_ssize_t num_segments, Py_ssize_t num_tokens,
-                               Py_ssize_t num_blocks):
-        """The report just written, for a SchedulerOutput (it references the arrays from now on)."""
-        cdef ReportColumns columns = ReportColumns.__new__(ReportColumns)
-        columns.int64_array = self.int64_array
-        columns.int32_array = self.int32_array
-        columns.bool_array = self.bool_array
+    cdef void fill(self, ReportColumns columns, Py_ssize_t num_context, Py_ssize_t batch, Py_ssize_t num_segments,
+                   Py_ssize_t num_tokens, Py_ssize_t num_blocks) noexcept:
+        """Make ``columns`` (allocated before the plan) the report just written: it references
+        the arrays from now on. This cannot fail, so a report once written is never lost.
+        An array that no longer shows the memory written (a caller's ``__setstate__`` from
+        another thread while the copy ran) is not handed on: the report makes its own view
+        of that memory when first read, and the next ``inspect`` replaces the array."""
         columns.int64_memory = self.int64_memory
         columns.int32_memory = self.int32_memory
         columns.bool_memory = self.bool_memory
+        if shows(self.int64_array, self.int64_memory, INT64_DTYPE, 8, b"i"[0]):
+            columns.int64_array = self.int64_array
+        if shows(self.int32_array, self.int32_memory, INT32_DTYPE, 4, b"i"[0]):
+            columns.int32_array = self.int32_array
+        if shows(self.bool_array, self.bool_memory, BOOL_DTYPE, 1, b"?"[0]):
+            columns.bool_array = self.bool_array
+        columns.num_context = num_context
         columns.batch = batch
         columns.num_segments = num_segments
         columns.num_tokens = num_tokens
         columns.num_blocks = num_blocks
-        return columns

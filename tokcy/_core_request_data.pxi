@@ -139,9 +139,9 @@ cdef class RowColumns:
         cdef Py_ssize_t b = report.batch, s = report.num_segments, num_wide, num_narrow, num_flags
         cdef WideLayout at = wide_layout(b, s)
         self.report = report  # first: nothing frees the memory they show from here on
-        cdef const int64_t* wide = <const int64_t*>self.export(report.int64_array, 8, b"i"[0], &num_wide)
-        cdef const int32_t* narrow = <const int32_t*>self.export(report.int32_array, 4, b"i"[0], &num_narrow)
-        self.is_new = <const unsigned char*>self.export(report.bool_array, 1, b"?"[0], &num_flags)
+        cdef const int64_t* wide = <const int64_t*>self.export(report.wide(), 8, b"i"[0], &num_wide)
+        cdef const int32_t* narrow = <const int32_t*>self.export(report.narrow(), 4, b"i"[0], &num_narrow)
+        self.is_new = <const unsigned char*>self.export(report.flags(), 1, b"?"[0], &num_flags)
         if num_wide < at.start[NUM_WIDE] or num_narrow < report.num_tokens + report.num_blocks or num_flags < b:
             raise ValueError(_request_data.CHANGED)  # the arena sized them: someone reshaped one since
         self.batch = b

@@ -269,8 +269,9 @@ class AttentionMetadata:
             _checks.over_capacity("changed block-table entries", total,
                                   max(0, len(self.delta_area) - delta_start(num_tokens)) // 3)
         self._changed = plans
-        for plan in plans:  # commit, for the tables that send entries: new stamps, the rows' state, the marks consumed
-            stamp = next(_stamps)
+        # the new stamps first: the commit below allocates nothing, so it cannot stop half done
+        commits = [(plan, next(_stamps)) for plan in plans]
+        for plan, stamp in commits:  # commit, for the tables that send entries: new stamps, the rows' state, the marks consumed
             plan.buffer.table_stamp = stamp
             plan.buffer.table_dirty_from = plan.num_blocks
             self.rows.row_stamps[plan.row] = stamp

@@ -293,58 +293,63 @@ class InputWriter:
                 _checks.metadata_replanned()
             meta.check_capacity(num_tokens, padded)
             if meta.has_device_table:
-                meta.plan_deltas(num_tokens)  # consumes the tables' marks: nothing fails after it
-        (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
-         request_ids, draft_tokens, draft_lens, device_token_slots) = self._arrays
+                meta.plan_deltas(num_tokens)  # consumes the tables' marks
+        try:
+            (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
+             request_ids, draft_tokens, draft_lens, device_token_slots) = self._arrays
 
-        # the specs' fields as columns (one tuple per field, in row order), then one
-        # assignment per output array: a numpy call costs more than a list element
-        (kinds, sources, begins, ncopies, drafts, lens, pos0s, cached, ids, prompts, slots,
-         _) = zip(*specs) if specs else ((),) * 12
-        starts = list(accumulate(lens, initial=0))  # each sequence's first row
-        pad_rows = (0,) * num_padding
-        seq_lens[:padded] = lens + (1,) * num_padding
-        num_cached_tokens[:padded] = cached + pad_rows
-        prompt_lens[:padded] = prompts + pad_rows
-        request_ids[:padded] = ids + (-1,) * num_padding
-        cu_seqlens[: padded + 1] = starts + list(range(starts[-1] + 1, starts[-1] + 1 + num_padding))
-        if starts[-1] == len(specs):  # one row per sequence (a decode batch)
-            position_ids[:num_tokens] = pos0s + pad_rows
-            gather_ids[:num_gather] = starts[:-1]
-        else:
-            position_ids[:num_tokens] = [pos0 + j for pos0, seq_len in zip(pos0s, lens) for j in range(seq_len)] + [0] * num_padding
-            gather_ids[:num_gather] = [row for kind, start, seq_len in zip(kinds, starts, lens)
-                                       for row in (range(start, start + seq_len) if kind == _DRAFT else (start + seq_len - 1,))]
-        # tokens: one fancy assignment for the single-token copies, a slice per longer one
-        single = [index for index, ncopy in enumerate(ncopies) if ncopy == 1]
-        if len(single) == starts[-1]:  # every row is a single-token copy: rows 0, 1, ...
-            input_ids[: len(single)] = [source.item(begin) for source, begin in zip(sources, begins)]
-        elif single:
-            input_ids[[starts[index] for index in single]] = [sources[index].item(begins[index]) for index in single]
-        draft_offset = draft_index = device_index = 0
-        for index, kind in enumerate(kinds):
-            row, ncopy = starts[index], ncopies[index]
-            if ncopy > 1:
-                input_ids[row : row + ncopy] = sources[index][begins[index] : begins[index] + ncopy]
-            if kind == _DRAFT:
-                k = lens[index] - 1
-                input_ids[row + 1 : row + 1 + k] = drafts[index]
-                draft_tokens[draft_offset : draft_offset + k] = drafts[index]
-                draft_lens[draft_index] = k
-                draft_offset += k
-                draft_index += 1
-            elif kind == _DEVICE:
-                input_ids[row] = 0
-                device_token_slots[device_index] = slots[index]
-                device_index += 1
-        if num_padding:
-            input_ids[num_tokens - num_padding : num_tokens] = 0
-        if meta is not None:
-            meta.write([(spec[11], spec[6], spec[5], start) for spec, start in zip(specs, starts)], num_tokens, padded)
-            meta.release()
-        return (num_context, num_context_tokens, num_tokens - num_context_tokens - num_padding, num_tokens,
-                num_sequences, padded, device_row_start, num_gather, num_draft_tokens, num_draft_requests,
-                num_device)
+            # the specs' fields as columns (one tuple per field, in row order), then one
+            # assignment per output array: a numpy call costs more than a list element
+            (kinds, sources, begins, ncopies, drafts, lens, pos0s, cached, ids, prompts, slots,
+             _) = zip(*specs) if specs else ((),) * 12
+            starts = list(accumulate(lens, initial=0))  # each sequence's first row
+            pad_rows = (0,) * num_padding
+            seq_lens[:padded] = lens + (1,) * num_padding
+            num_cached_tokens[:padded] = cached + pad_rows
+            prompt_lens[:padded] = prompts + pad_rows
+            request_ids[:padded] = ids + (-1,) * num_padding
+            cu_seqlens[: padded + 1] = starts + list(range(starts[-1] + 1, starts[-1] + 1 + num_padding))
+            if starts[-1] == len(specs):  # one row per sequence (a decode batch)
+                position_ids[:num_tokens] = pos0s + pad_rows
+                gather_ids[:num_gather] = starts[:-1]
+            else:
+                position_ids[:num_tokens] = [pos0 + j for pos0, seq_len in zip(pos0s, lens) for j in range(seq_len)] + [0] * num_padding
+                gather_ids[:num_gather] = [row for kind, start, seq_len in zip(kinds, starts, lens)
+                                           for row in (range(start, start + seq_len) if kind == _DRAFT else (start + seq_len - 1,))]
+            # tokens: one fancy assignment for the single-token copies, a slice per longer one
+            single = [index for index, ncopy in enumerate(ncopies) if ncopy == 1]
+            if len(single) == starts[-1]:  # every row is a single-token copy: rows 0, 1, ...
+                input_ids[: len(single)] = [source.item(begin) for source, begin in zip(sources, begins)]
+            elif single:
+                input_ids[[starts[index] for index in single]] = [sources[index].item(begins[index]) for index in single]
+            draft_offset = draft_index = device_index = 0
+            for index, kind in enumerate(kinds):
+                row, ncopy = starts[index], ncopies[index]
+                if ncopy > 1:
+                    input_ids[row : row + ncopy] = sources[index][begins[index] : begins[index] + ncopy]
+                if kind == _DRAFT:
+                    k = lens[index] - 1
+                    input_ids[row + 1 : row + 1 + k] = drafts[index]
+                    draft_tokens[draft_offset : draft_offset + k] = drafts[index]
+                    draft_lens[draft_index] = k
+                    draft_offset += k
+                    draft_index += 1
+                elif kind == _DEVICE:
+                    input_ids[row] = 0
+                    device_token_slots[device_index] = slots[index]
+                    device_index += 1
+            if num_padding:
+                input_ids[num_tokens - num_padding : num_tokens] = 0
+            if meta is not None:
+                meta.write([(spec[11], spec[6], spec[5], start) for spec, start in zip(specs, starts)], num_tokens, padded)
+                meta.release()
+            return (num_context, num_context_tokens, num_tokens - num_context_tokens - num_padding, num_tokens,
+                    num_sequences, padded, device_row_start, num_gather, num_draft_tokens, num_draft_requests,
+                    num_device)
+        except BaseException:  # (only an allocation can fail here) what the consumed marks said is lost: the next
+            if meta is not None and meta.has_device_table:  # step sends each scheduled table whole
+                meta.rows.forget()
+            raise
 
     def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
                 max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes=None, device_slots=None):

@@ -80,8 +80,11 @@ class ReportState:
         self._num_allocations = [0]  # numpy arrays made for reports so far, shared with their ReportColumns
 
     def build(self, context_requests, generation_requests, device_token_requests=()):
-        """Report one iteration; returns (number of context rows, the report's columns: a
-        ``ReportColumns``, whose ``arrays()`` are ``tokcy.connector.SchedulerOutput``'s)."""
+        """Report one iteration; returns the report's columns: a ``ReportColumns``, whose
+        ``arrays()`` are ``tokcy.connector.SchedulerOutput``'s (``num_context``: its
+        context rows). Everything the report allocates is made before its commit, and the
+        commit allocates nothing: a failed call (MemoryError included) changes nothing, and a
+        report once committed is returned."""
         if self._busy:
             checks.busy()
         self._busy = True
@@ -95,11 +98,16 @@ class ReportState:
             consumed = []  # (buffer, its dirty_from before): put back if the call fails
             try:
                 report = self._plan(groups, fresh, consumed)
+                columns = self._columns(len(groups[0]), report)
+                self._slots.update(fresh)  # (a dict may grow: it may fail)
             except BaseException:
+                for request_id in fresh:
+                    self._slots.pop(request_id, None)
                 for buffer, dirty_from in consumed:
                     buffer.dirty_from = min(buffer.dirty_from, dirty_from)
                 raise
-            return len(groups[0]), self._commit(fresh, report)
+            self._commit(report[0])
+            return columns
         finally:
             self._busy = False
 
@@ -195,21 +203,23 @@ class ReportState:
                 block_offsets, replaced_blocks, released_blocks)
         return commits, wide, token_pieces + block_pieces, sliced, is_new_flags, num_segments, num_tokens, num_blocks
 
-    def _commit(self, fresh, report):
-        # pass 2: commit the slots; the columns become three arrays, one per dtype, in the
-        # compiled twin's layout (ReportColumns), the int64 and bool ones when first read
+    def _columns(self, num_context, report):
+        # the columns become three arrays, one per dtype, in the compiled twin's layout
+        # (ReportColumns), the int64 and bool ones when first read
         commits, wide, pieces, sliced, is_new_flags, num_segments, num_tokens, num_blocks = report
-        if fresh:
-            self._slots.update(fresh)
+        narrow = _join(pieces, num_tokens + num_blocks, self._num_allocations) if sliced else pieces
+        return ReportColumns((wide, narrow, is_new_flags, len(commits), num_segments, num_tokens, num_blocks,
+                              self._num_allocations), num_context)
+
+    @staticmethod
+    def _commit(commits):
+        # pass 2: commit the slots (setting slots of objects that exist allocates nothing)
         for slot, size, num_pauses, block_ends in commits:
             slot.num_tokens = size
             slot.num_pauses = num_pauses
             slot.matched = 0  # used by a context row, discarded by any other
             slot.reported = True
             slot.num_blocks = block_ends
-        narrow = _join(pieces, num_tokens + num_blocks, self._num_allocations) if sliced else pieces
-        return ReportColumns((wide, narrow, is_new_flags, len(commits), num_segments, num_tokens, num_blocks,
-                              self._num_allocations))
 
     def record_matched_tokens(self, request_id, num_tokens):
         request_id = as_integer(request_id, "request_id")
@@ -294,13 +304,15 @@ class ReportColumns:
     list of ints); ``flags``: ``is_new``. All are snapshots nothing else holds; the arrays
     are sliced into the columns in the layout the compiled twin keeps in arrays it reuses.
     ``allocations``: the manager's count of the arrays made for its reports, a one-item
-    list that making the arrays adds to."""
+    list that making the arrays adds to. ``num_context``: the report's context rows (they
+    come first)."""
 
-    __slots__ = ("_parts", "_columns")
+    __slots__ = ("_parts", "_columns", "num_context")
 
-    def __init__(self, parts):
+    def __init__(self, parts, num_context):
         self._parts = parts
         self._columns = None
+        self.num_context = num_context
 
     def arrays(self):
         """The twelve columns in ``SchedulerOutput``'s order (made once, on their first read)."""

@@ -1,7 +1,7 @@
 """``SchedulerOutputManager``: the connector-facing object an engine keeps for its lifetime."""
 
 from tokcy import _backend
-from tokcy.connector.output import from_report
+from tokcy.connector.output import new_output
 
 
 class SchedulerOutputManager:
@@ -50,7 +50,10 @@ class SchedulerOutputManager:
         corrupt memory, but what it changes during the call is its own race (the report
         shows each request as it was when the call read it).
         """
-        return from_report(self._state.build(context_requests, generation_requests, device_token_requests))
+        # made first: once build() commits, nothing may fail (a report is never lost)
+        output = new_output()
+        output._source = self._state.build(context_requests, generation_requests, device_token_requests)
+        return output
 
     def record_matched_tokens(self, request_id, num_tokens):
         """Record ``num_tokens`` tokens the connector itself supplied for ``request_id``.

@@ -111,18 +111,24 @@ class SchedulerOutput:
         )
 
 
-SchedulerOutput.num_context_requests = property(attrgetter("_num_context_requests"))
+def _num_context_requests(output):
+    """The rows of context requests (they come first)."""
+    count = output._num_context_requests
+    return output._source.num_context if count is None else count  # None: a manager's report
+
+
+SchedulerOutput.num_context_requests = property(_num_context_requests)
 for _name in COLUMNS:  # read-only: a C getter, no setter
     setattr(SchedulerOutput, _name, property(attrgetter(f"_source.{_name}")))
 _new_object = object.__new__
 
 
-def from_report(report):
-    """The ``SchedulerOutput`` of a backend's ``ReportState.build`` result: (number of
-    context rows, the report's ``ReportColumns``, whose attributes are the columns)."""
+def new_output():
+    """A ``SchedulerOutput`` for a manager's report: ``_source`` is to be set to the
+    backend's ``ReportState.build`` result (a ``ReportColumns``, whose attributes are the
+    columns and ``num_context`` the context rows), which sets nothing else."""
     output = _new_object(SchedulerOutput)
-    output._num_context_requests, output._source = report
-    output._rows = None
+    output._num_context_requests = output._rows = None
     return output
 
 

@@ -1,0 +1,241 @@
+"""Every allocation of a call made to fail in turn: the call raises MemoryError (or
+succeeds), and what it leaves behind is as if it had never run.
+
+CPython's ``_testcapi.set_nomemory(n, n + 1)`` fails the n-th memory allocation from
+then on (Python objects, numpy's small arrays); each test runs its call for n = 0, 1,
+2, ... on a fresh world, until the call no longer meets a failure, and checks that a
+failed call lost nothing and duplicated nothing: the next calls give exactly what a
+world that never failed gives. The reference is the same world built again, run
+without failures. (CPython 3.11 prints "deallocated bytearray object has exported
+buffers" when the allocation of a new bytearray's bytes fails: its own cleanup reads a
+field it has not set yet; nothing is exported.)
+"""
+
+import sys
+
+import pytest
+
+from tokcy import RequestState
+from tokcy.connector import SchedulerOutputManager
+from tokcy.connector.output import COLUMNS
+
+_testcapi = pytest.importorskip("_testcapi", reason="CPython's _testcapi (set_nomemory) is not installed")
+
+# a call meets a failure at each of its first allocations; past its last one, this many
+# failure points in a row that the call never meets end the sweep
+CLEAN_RUN = 25
+MAX_POINTS = 3000
+
+
+def allocation_errors():
+    """What a failed allocation raises: MemoryError, and SystemError from numpy and CPython
+    code that reports it so, and torch's OutOfMemoryError."""
+    errors = (MemoryError, SystemError)
+    if "torch" in sys.modules:
+        errors += (sys.modules["torch"].OutOfMemoryError,)
+    return errors
+
+
+def failing_at(n, call):
+    """``call()`` with the n-th allocation from now failing: (result, None) or (None, error)."""
+    errors = allocation_errors()
+    try:
+        _testcapi.set_nomemory(n, n + 1)
+        try:
+            result = call()
+        finally:
+            _testcapi.remove_mem_hooks()
+    except errors as error:
+        return None, error
+    return result, None
+
+
+def sweep(make_world, call, check):
+    """For n = 0, 1, ...: a fresh world, ``call(world)`` failing at allocation n, then
+    ``check(world, result, error)``; stops after CLEAN_RUN successes in a row. Returns how
+    many failure points raised."""
+    failed = clean = 0
+    for n in range(MAX_POINTS):
+        world = make_world()
+        result, error = failing_at(n, lambda: call(world))
+        check(world, result, error)
+        if error is None:
+            clean += 1
+            if clean == CLEAN_RUN:
+                return failed
+        else:
+            failed += 1
+            clean = 0
+    pytest.fail(f"the call still met failures after {MAX_POINTS} allocations")
+
+
+# ------------------------------------------------------------------------- the connector
+def columns(output):
+    return {name: getattr(output, name).tolist() for name in COLUMNS}
+
+
+def request_rows(output):
+    return [output.request_data(row).as_dict() for row in range(len(output))]
+
+
+def connector_world(backend):
+    """A manager that reported three decoding requests; then each gains tokens and blocks
+    (one a whole block of them), and a new request arrives."""
+    manager = SchedulerOutputManager()
+    requests = []
+    for number in range(3):
+        request = backend.Request(number, list(range(10 * number, 10 * number + 5)))
+        request.block_tables[0].extend([4 * number, 4 * number + 1])
+        requests.append(request)
+    manager.build_scheduler_output(requests, [])
+    for number, request in enumerate(requests):
+        request.move_to_next_context_chunk()
+        request.state = RequestState.GENERATION_IN_PROGRESS
+        for token in range(1 + 4 * (number == 1)):
+            request.add_new_token(100 + 10 * number + token)
+        request.block_tables[0].append(50 + number)
+    fresh = backend.Request(7, [7, 8, 9])
+    fresh.block_tables[0].append(70)
+    return manager, requests, fresh
+
+
+def generate_one_more(requests, fresh):
+    fresh.move_to_next_context_chunk()
+    fresh.state = RequestState.GENERATION_IN_PROGRESS
+    for request in requests + [fresh]:
+        request.add_new_token(200 + request.request_id)
+
+
+def next_steps(manager, requests, fresh):
+    """The reports of the step the sweep's call made (or failed to make), then of one more."""
+    first = manager.build_scheduler_output([fresh], requests)
+    generate_one_more(requests, fresh)
+    second = manager.build_scheduler_output([], requests + [fresh])
+    return [(columns(output), request_rows(output)) for output in (first, second)]
+
+
+def test_a_report_that_fails_at_any_allocation_loses_and_duplicates_nothing(backend):
+    expected = next_steps(*connector_world(backend))
+
+    def call(world):
+        manager, requests, fresh = world
+        return manager.build_scheduler_output([fresh], requests)
+
+    def check(world, output, error):
+        manager, requests, fresh = world
+        if error is None:  # the report it returned, then the next step's
+            generate_one_more(requests, fresh)
+            second = manager.build_scheduler_output([], requests + [fresh])
+            assert [(columns(out), request_rows(out)) for out in (output, second)] == expected
+        else:  # as if it never ran: the next call reports what it would have
+            assert next_steps(manager, requests, fresh) == expected
+
+    assert sweep(lambda: connector_world(backend), call, check) > 0
+
+
+def test_reading_a_report_that_fails_at_any_allocation_leaves_it_whole(backend):
+    def world():
+        manager, requests, fresh = connector_world(backend)
+        return manager.build_scheduler_output([fresh], requests)
+
+    expected = (columns(world()), request_rows(world()))
+
+    def check(output, result, error):
+        assert (columns(output), request_rows(output)) == expected
+        assert error is not None or result == expected
+
+    assert sweep(world, lambda output: (columns(output), request_rows(output)), check) > 0
+
+
+# ------------------------------------------------------------------------- the executor
+def as_lists(value):
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def inputs_seen(inputs):
+    """Every field of a ``PreparedInputs`` / ``DeviceInputs``, as lists and ints."""
+    from tokcy.executor._host import ARRAY_FIELDS, COUNT_FIELDS
+
+    seen = {name: as_lists(getattr(inputs, name)) for name in ARRAY_FIELDS + COUNT_FIELDS}
+    seen.update({name: as_lists(getattr(inputs, name)) for name in ("kv_lens", "cu_kv_seqlens", "max_kv_len")})
+    seen["groups"] = [{name: as_lists(getattr(group, name)) for name in
+                       ("slot_mapping", "block_table", "kv_indptr", "kv_indices", "kv_last_page_len")}
+                      for group in inputs.groups]
+    return seen
+
+
+def decode_request(backend, request_id, num_tokens, blocks, slot):
+    request = backend.Request(request_id, list(range(100 * request_id, 100 * request_id + num_tokens)))
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    request.block_tables[0].extend(blocks)
+    request.seq_slot = slot
+    return request
+
+
+def executor_world(backend, make_prepare):
+    """Three decoding requests whose rows were sent once, then changed (a new token each, a
+    new block, a truncated table), and a context request; ``make_prepare()`` gives the
+    call (prepare_inputs into HostBuffers, or an InputPreparer's prepare)."""
+    prepare = make_prepare()
+    decode = [decode_request(backend, 0, 5, [0, 1], 0), decode_request(backend, 1, 7, [4, 5, 6], 1),
+              decode_request(backend, 2, 6, [8, 9, 10, 11], 2)]
+    prepare([], decode)
+    for request in decode:
+        request.add_new_token(50 + request.request_id)
+    decode[0].block_tables[0].append(2)
+    decode[2].block_tables[0].truncate(2)
+    context = backend.Request(9, list(range(9)))
+    context.block_tables[0].extend([20, 21, 22])
+    context.seq_slot = 5
+    return prepare, [context], decode
+
+
+def executor_steps(prepare, context, decode, first=None):
+    """What the sweep's call gave (``first``: None to make that call now), then the next step's."""
+    first = prepare(context, decode) if first is None else first
+    shown = [inputs_seen(first)]
+    for request in decode:
+        request.add_new_token(60 + request.request_id)
+    shown.append(inputs_seen(prepare([], decode + context[:0])))
+    return shown
+
+
+def executor_sweep(backend, make_prepare, extra=lambda prepare: None):
+    clean = executor_world(backend, make_prepare)
+    expected = executor_steps(*clean)
+    expected_extra = extra(clean[0])
+
+    def call(world):
+        prepare, context, decode = world
+        return prepare(context, decode)
+
+    def check(world, result, error):
+        if error is None:
+            assert executor_steps(*world, first=result) == expected
+        else:  # nothing changed: the same call now gives what it would have
+            assert executor_steps(*world) == expected
+        assert extra(world[0]) == expected_extra
+
+    return sweep(lambda: executor_world(backend, make_prepare), call, check)
+
+
+def test_prepare_inputs_failing_at_any_allocation_changes_nothing(backend):
+    from tokcy.executor import HostBuffers, prepare_inputs
+
+    def make_prepare():
+        out = HostBuffers(32, 8, max_blocks_per_seq=8)
+        return lambda context, generation: prepare_inputs(context, generation, block_size=4, out=out)
+
+    assert executor_sweep(backend, make_prepare) > 0
+
+
+def test_a_preparer_failing_at_any_allocation_changes_nothing(backend):
+    """The preparer's device table (kept by the changes each step sends) ends as in a world
+    that never failed: a failed call lost no change and the next one sent them."""
+    pytest.importorskip("torch")
+    from tokcy.executor import InputPreparer
+
+    def make_prepare():
+        return InputPreparer(32, 8, block_size=4, max_blocks_per_seq=8, max_slots=8, num_staging_buffers=1).prepare
+
+    assert executor_sweep(backend, make_prepare, lambda prepare: prepare.__self__.block_table.tolist()) > 0
