@@ -17,7 +17,7 @@ BACKEND_NAMES = ("cython", "python")
 def compiled_backend():
     """``tokcy._core`` if it is built; fails the run when TOKCY_REQUIRE_EXTENSIONS=1 and it is not."""
     try:
-        from tokcy import _core
+        _core = _backend.import_compiled()  # (refuses a core built from another copy of tokcy)
     except ImportError as error:
         if os.environ.get("TOKCY_REQUIRE_EXTENSIONS", "") not in ("", "0"):
             pytest.fail(f"TOKCY_REQUIRE_EXTENSIONS=1 but tokcy._core does not import: {error}")

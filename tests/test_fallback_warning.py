@@ -76,6 +76,45 @@ def test_a_source_tree_shadowing_an_installed_build_names_both_and_the_fix(tmp_p
     assert "run Python from another directory, or build in place: pip install -e ." in stderr
 
 
+# What setuptools' editable install puts on sys.meta_path: a finder that serves its own
+# checkout's modules by name, whichever tokcy package asks (here only the compiled core)
+EDITABLE_HOOK = """
+import importlib.util, sys
+class Editable:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tokcy._core":
+            return importlib.util.spec_from_file_location(name, {core!r})
+sys.meta_path.append(Editable())
+"""
+
+
+@pytest.mark.backend_free("imports a copy of the package without its compiled core, in a subprocess")
+def test_a_compiled_core_built_from_another_copy_is_refused(tmp_path):
+    """Python started in an unbuilt checkout, with another checkout installed in editable
+    mode: the editable install's hook would serve that checkout's compiled core to this
+    checkout's sources. It is refused, with the reason and the fix, and forgotten."""
+    from tests.conftest import compiled_backend
+
+    core = compiled_backend().__file__
+    package = _copy_package(tmp_path, with_setup_py=True)
+    probe = EDITABLE_HOOK.format(core=core) + (
+        "import sys, tokcy, tokcy.connector\n"
+        "from tokcy import _backend\n"
+        "print(tokcy.BACKEND, 'tokcy._core' in sys.modules, hasattr(tokcy, '_core'))\n"
+        "try:\n"
+        "    _backend.import_compiled()\n"
+        "except ImportError as error:\n"
+        "    print(type(error).__name__)\n")
+    result = subprocess.run([sys.executable, "-S", "-c", probe], cwd=package.parent, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": _python_path([package.parent]), "TOKCY_PURE_PYTHON": ""},
+                            check=True)
+    assert result.stdout.split() == ["python", "False", "False", "_ForeignCoreError"]
+    assert result.stderr.count("PurePythonFallbackWarning") == 1
+    assert (f"tokcy was imported from {package}, which has no compiled core of its own; the tokcy._core found, in "
+            f"{os.path.dirname(core)}, was built from another copy of tokcy") in result.stderr
+    assert "build this copy in place: pip install -e ." in result.stderr
+
+
 @pytest.mark.backend_free("imports a copy of the package without its compiled core, in a subprocess")
 def test_an_unbuilt_checkout_says_how_to_build(tmp_path):
     package = _copy_package(tmp_path, with_setup_py=True)

@@ -42,6 +42,19 @@ def test_demo_on_a_checkpoint_without_check_runs_the_engine_only(backend, checkp
     assert "host time per iteration: input preparation" in out
 
 
+def test_prompts_fit_the_checkpoints_positions(backend, tmp_path, capsys):
+    """The default workload's prompts (up to 512 tokens) on a checkpoint of 64 positions:
+    --prompt-len MAX is lowered so that a prompt and its largest budget fit, and said so."""
+    random_model("qwen2", seed=1, max_position_embeddings=64).save_pretrained(tmp_path)
+    argv = ["--model", str(tmp_path), "--check", "--dtype", "float64", "--requests", "3", "--new-tokens", "4", "8",
+            "--block-size", "4", "--num-blocks", "64"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert ("--prompt-len: MAX lowered from 512 to 56: the checkpoint has 64 positions (max_position_embeddings) "
+            "and a request may generate 8 tokens") in captured.err
+    assert "OK: all 3 requests equal the reference token for token" in captured.out
+
+
 def test_text_prompts_are_encoded_and_the_output_decoded(backend, checkpoints, capsys, tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 

@@ -38,8 +38,36 @@ def _installed_elsewhere() -> str | None:
     return None
 
 
+class _ForeignCoreError(ImportError):
+    """The ``tokcy._core`` found was built from another copy of tokcy (its message says which)."""
+
+
+def import_compiled() -> ModuleType:
+    """``tokcy._core``, if it is this package's own (built beside these sources); else ImportError.
+
+    An editable install's import hook serves its checkout's compiled core to any package
+    named tokcy: Python started in another, unbuilt checkout would run that checkout's
+    sources against a core built from other sources. That core is refused (and forgotten)."""
+    from tokcy import _core
+
+    core_dir = os.path.dirname(os.path.abspath(_core.__file__))
+    if os.path.normcase(core_dir) == os.path.normcase(_PACKAGE_DIR):
+        return _core
+    sys.modules.pop("tokcy._core", None)
+    package = sys.modules.get("tokcy")
+    if package is not None and getattr(package, "_core", None) is _core:
+        del package._core
+    raise _ForeignCoreError(
+        f"tokcy was imported from {_PACKAGE_DIR}, which has no compiled core of its own; the tokcy._core found, "
+        f"in {core_dir}, was built from another copy of tokcy (an editable install serves its own to any tokcy); "
+        "run Python from another directory, or build this copy in place: pip install -e ."
+    )
+
+
 def fallback_reason(error: ImportError) -> str:
     """Why ``tokcy._core`` did not import, in words that say what to do about it."""
+    if isinstance(error, _ForeignCoreError):
+        return str(error)
     if _compiled_files(_PACKAGE_DIR):  # built, but broken (other Python, missing symbol, ...)
         return f"tokcy._core is built in {_PACKAGE_DIR} but does not import: {error}"
     elsewhere = _installed_elsewhere()
@@ -64,7 +92,7 @@ def _load() -> tuple[ModuleType, str, str | None]:
 
         return _pure, "python", "TOKCY_PURE_PYTHON is set"
     try:
-        from tokcy import _core
+        core = import_compiled()
     except ImportError as error:
         from tokcy import _pure
 
@@ -76,7 +104,7 @@ def _load() -> tuple[ModuleType, str, str | None]:
             stacklevel=4,  # the `import tokcy` line (via tokcy/__init__ and _load)
         )
         return _pure, "python", reason
-    return _core, "cython", None
+    return core, "cython", None
 
 
 module, BACKEND, WHY_PURE = _load()

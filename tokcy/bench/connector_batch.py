@@ -27,7 +27,8 @@ class ConnectorBatch(BatchSweep):
         "tokcy+RequestData: then every RequestData made; tokcy+fields: and "
         "each row's new_tokens and new_block_ids read; after: TensorRT-LLM pull request #22092's loop; floor: the "
         "same columns as plain C; tokcy/floor: the median over rounds of tokcy's round over the floor's, "
-        "timed right after it",
+        "timed right after it; below 1.0x (B = 4,096): both wait on memory there, and the floor, a plain loop "
+        "with no prefetch, waits longer (docs/benchmarks.md, the floor)",
     )
     quoted_title = QUOTED_TITLE
     plot_xlabel = f"batch size B (requests of {TOKENS:,} tokens)"

@@ -24,7 +24,9 @@ class ExecutorBatch(BatchSweep):
     legend = (
         "tokcy: prepare_inputs into preallocated HostBuffers; after: the per-request Python loop of TensorRT-LLM "
         "pull request #16791; numpy: vLLM-style gather; floor: the same rows as plain C, timed in C; "
-        "tokcy/floor: the median over rounds of tokcy's round over the floor's, timed right after it",
+        "tokcy/floor: the median over rounds of tokcy's round over the floor's, timed right after it; "
+        "below 1.0x (B = 4,096): both wait on memory there, and the floor, a plain loop with no prefetch, waits "
+        "longer (docs/benchmarks.md, the floor)",
     )
     plot_xlabel = f"batch size B (requests of {SEQ_LEN:,} tokens)"
 

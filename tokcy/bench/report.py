@@ -250,6 +250,6 @@ def plot(path: str, machine: dict, results: list) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     figure.suptitle(f"tokcy bench: {machine.get('cpu')}, {machine.get('python')}, {machine.get('date')}", fontsize=10)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 0.97))  # the top strip for the title: no panel's title under it
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -9,7 +9,9 @@ at the same dtype and on the same device.
 """
 
 import functools
+import json
 import os
+import sys
 
 from tokcy.demo.workload import Workload, make_workload
 
@@ -54,8 +56,25 @@ def workload(args, model):
         if not all(prompts):
             raise SystemExit("--prompt: a prompt encodes to no tokens")
         return Workload(prompts, (args.new_tokens[1],) * len(prompts))
-    return make_workload(args.requests, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+    return make_workload(args.requests, prompt_len=prompt_lengths(args), new_tokens=args.new_tokens,
                          vocab_size=model.config.vocab_size, seed=args.seed)
+
+
+def prompt_lengths(args):
+    """``--prompt-len`` (MIN, MAX), MAX lowered (with a note) so that no sequence outgrows the
+    checkpoint's ``max_position_embeddings`` with its largest ``--new-tokens`` budget."""
+    low, high = args.prompt_len
+    try:
+        with open(os.path.join(args.model, "config.json")) as file:
+            positions = json.load(file).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return low, high  # load() read the config already: what it could not read, it refused
+    if not isinstance(positions, int) or high + args.new_tokens[1] <= positions:
+        return low, high
+    lowered = max(low, positions - args.new_tokens[1])
+    print(f"--prompt-len: MAX lowered from {high} to {lowered}: the checkpoint has {positions} positions "
+          f"(max_position_embeddings) and a request may generate {args.new_tokens[1]} tokens", file=sys.stderr)
+    return low, lowered
 
 
 def reference(args):
