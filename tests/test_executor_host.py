@@ -6,6 +6,8 @@ import pytest
 from executor_reference import make_request, reference
 from tokcy import RequestState, _backend, _pure
 from tokcy.executor import ARRAY_FIELDS, HostBuffers, prepare_inputs
+from tokcy.executor._host import COUNT_FIELDS
+from tokcy.executor._metadata import GROUP_FIELDS, METADATA_FIELDS
 
 IN_PROGRESS = RequestState.GENERATION_IN_PROGRESS
 
@@ -259,6 +261,54 @@ def test_a_compiled_step_names_bad_block_sizes_as_the_python_function_does(backe
             prepare_inputs([], [plain], out=out, **kwargs)
         assert str(raised.value) == message
     assert out.metadata.slot_mapping[0][0] == 130 and out.input_ids[0] == 306
+
+
+def fields_as_lists(inputs):
+    fields = {name: getattr(inputs, name) for name in ARRAY_FIELDS + COUNT_FIELDS + METADATA_FIELDS}
+    fields["groups"] = [[getattr(group, name) for name in GROUP_FIELDS] for group in fields["groups"] or ()]
+    fields["groups"] = [[value.tolist() if isinstance(value, np.ndarray) else value for value in group]
+                        for group in fields["groups"]]
+    return {name: value.tolist() if isinstance(value, np.ndarray) else value for name, value in fields.items()}
+
+
+def pickle_batch(module, groups):
+    """The worked example's three requests, with ``groups`` block tables of 8 blocks each."""
+    context = module.Request(1, list(range(100, 110)), num_layer_groups=groups)
+    context.context_current_position = 4
+    context.context_chunk_size = 4
+    drafted = module.Request(2, list(range(200, 209)), num_layer_groups=groups)
+    drafted.state = IN_PROGRESS
+    drafted.draft_tokens = [900, 901]
+    plain = module.Request(3, list(range(300, 307)), num_layer_groups=groups)
+    plain.state = IN_PROGRESS
+    for request in (context, drafted, plain):
+        for table in request.block_tables:
+            table.extend(range(8 * request.request_id, 8 * request.request_id + 8))
+    return [context], [drafted, plain]
+
+
+@pytest.mark.parametrize("block_sizes", [None, (4,), (4, 2)])
+def test_prepared_inputs_pickle_as_a_snapshot_of_what_the_call_wrote(backend, block_sizes):
+    """A PreparedInputs written into a holder pickles the used lengths of its arrays and
+    its metadata: a copy of its own, unchanged by the holder's next call, of as many bytes
+    whatever the holder's capacity (only the block tables' width shows)."""
+    import pickle
+
+    groups = 1 if block_sizes is None else len(block_sizes)
+    sizes = []
+    for capacity in (64, 4096):
+        out = HostBuffers(capacity, capacity // 4, max_draft_len=4, max_blocks_per_seq=8, num_layer_groups=groups)
+        context, generation = pickle_batch(backend, groups)
+        inputs = prepare_inputs(context, generation, block_sizes=block_sizes, max_draft_len=4, out=out)
+        expected = fields_as_lists(inputs)
+        assert expected["num_tokens"] == 8 and (block_sizes is None) == (expected["kv_lens"] is None)
+        data = pickle.dumps(inputs)
+        restored = pickle.loads(data)
+        assert fields_as_lists(restored) == expected
+        prepare_inputs([], generation, block_sizes=block_sizes, max_draft_len=4, out=out)  # the holder's next call
+        assert fields_as_lists(inputs) != expected and fields_as_lists(restored) == expected
+        sizes.append(len(data))
+    assert sizes[0] == sizes[1]
 
 
 def test_a_holders_arrays_by_name_are_its_whole_arrays(backend):

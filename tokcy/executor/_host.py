@@ -138,6 +138,19 @@ class PreparedInputs:
         names = ARRAY_FIELDS + COUNT_FIELDS + (METADATA_FIELDS if self.groups is not None else ())
         return {name: getattr(self, name) for name in names}
 
+    def __reduce__(self):
+        # the arrays of the used lengths (a pickle holds copies of them: the inputs as they
+        # are now, not the holder's buffers, which the next call overwrites and which bind
+        # writers), the counts, and the metadata fields made from them
+        arrays = tuple(getattr(self, name) for name in ARRAY_FIELDS)
+        return _restored_inputs, (arrays, self._counts, None if self._metadata is None else self._metadata_fields())
+
+
+def _restored_inputs(arrays, counts, metadata):
+    inputs = PreparedInputs(arrays, counts)
+    inputs._metadata = metadata  # None, or the fields themselves (a _MetadataFields)
+    return inputs
+
 
 def _array_property(index, name):
     def read(self):
