@@ -239,3 +239,63 @@ def test_a_preparer_failing_at_any_allocation_changes_nothing(backend):
         return InputPreparer(32, 8, block_size=4, max_blocks_per_seq=8, max_slots=8, num_staging_buffers=1).prepare
 
     assert executor_sweep(backend, make_prepare, lambda prepare: prepare.__self__.block_table.tolist()) > 0
+
+
+# ------------------------------------------------------------------------- requests
+def generating_request(backend):
+    """A request two tokens into generation, with drafts, a chunk and a block table."""
+    request = backend.Request(2, [20, 21, 22, 23, 24], max_new_tokens=50)
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    request.add_new_token(25)
+    request.add_new_token(26)
+    request.draft_tokens = [7, 8]
+    request.block_tables[0].extend([4, 5, 6])
+    request.block_tables[0].release_front(1)
+    request.seq_slot = 3
+    return request
+
+
+def context_request(backend):
+    request = backend.Request(1, list(range(12)))
+    request.context_chunk_size = 4
+    return request
+
+
+REQUEST_CALLS = {
+    "add_new_token": (generating_request, lambda request: request.add_new_token(27)),
+    "add_new_tokens": (generating_request, lambda request: request.add_new_tokens([27])),
+    "set_generated_tokens": (generating_request, lambda request: request.set_generated_tokens([[90, 91, 92]])),
+    "set_generated_tokens, grown": (generating_request,
+                                    lambda request: request.set_generated_tokens([list(range(300, 340))])),
+    "truncate": (generating_request, lambda request: request.truncate(6)),
+    "pause": (generating_request, lambda request: request.pause(100)),
+    "__init__ again": (generating_request, lambda request: request.__init__(2, [5, 6, 7])),
+    "state": (generating_request, lambda request: setattr(request, "state", RequestState.GENERATION_COMPLETE)),
+    "draft_tokens": (generating_request, lambda request: setattr(request, "draft_tokens", [1, 2, 3])),
+    "seq_slot": (generating_request, lambda request: setattr(request, "seq_slot", 5)),
+    "move_to_next_context_chunk": (context_request, lambda request: request.move_to_next_context_chunk()),
+    "context_chunk_size": (context_request, lambda request: setattr(request, "context_chunk_size", 2)),
+    "block append": (generating_request, lambda request: request.block_tables[0].append(9)),
+    "block extend, grown": (generating_request, lambda request: request.block_tables[0].extend(range(100, 140))),
+    "block set": (generating_request, lambda request: request.block_tables[0].__setitem__(-1, 9)),
+    "block truncate": (generating_request, lambda request: request.block_tables[0].truncate(2)),
+    "block clear": (generating_request, lambda request: request.block_tables[0].clear()),
+    "block release_front": (generating_request, lambda request: request.block_tables[0].release_front(2)),
+}
+
+
+@pytest.mark.parametrize("name", list(REQUEST_CALLS))
+def test_a_request_call_failing_at_any_allocation_changes_nothing(backend, name):
+    """Every field of the request (its change marks included) is as before a failed call,
+    and as after a call that met no failure in a world without failures."""
+    make, call = REQUEST_CALLS[name]
+    before = make(backend)._state_dict()
+    after = make(backend)
+    call(after)
+    after = after._state_dict()
+    assert after != before
+
+    def check(request, result, error):
+        assert request._state_dict() == (before if error is not None else after)
+
+    sweep(lambda: make(backend), call, check)

@@ -14,6 +14,15 @@ import numpy as np
 from tokcy import _pickle, _repr, _tokens
 from tokcy._state import RequestState
 
+# read once: an attribute lookup can allocate, and the calls that set it (Request.__init__,
+# pause) allocate nothing once they start changing the request
+cdef object CONTEXT_INIT = RequestState.CONTEXT_INIT
+
+# No list comprehension in the compiled core: Cython 3.3's code for one releases the item
+# twice when the append fails for lack of memory (it gives the item to the list, which
+# releases it on failure, and releases it again on the error path). A loop of ``append``
+# calls on a list keeps the item until the call returns.
+
 # C assert(): compiled out (NDEBUG) in release builds; TOKCY_CYTHON_DEBUG=1 builds keep
 # it, so a write past an output's capacity in the nogil loops aborts the debug test run.
 cdef extern from "assert.h" nogil:

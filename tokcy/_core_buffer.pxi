@@ -205,6 +205,19 @@ cdef class Int32Buffer:
                 self.install(storage, data, capacity, self.size)
         return 0
 
+    cdef inline bint has_room(self, Py_ssize_t start, Py_ssize_t count) noexcept:
+        """Whether writing ``count`` entries from ``start`` (at most the size) needs no
+        allocation: no copy-on-write, no growth."""
+        return start >= self.shared_end and start + count <= self.capacity
+
+    cdef int reserve(self, Py_ssize_t start, Py_ssize_t count) except -1:
+        """Make writing ``count`` entries from ``start`` need no allocation (has_room), so
+        that a caller writing several buffers allocates for all of them before it writes
+        any. Python code can run in here (make_writable): a caller checks again."""
+        while not self.has_room(start, count):
+            self.make_writable(start, start + count)
+        return 0
+
     cdef inline void mark_changed(self, Py_ssize_t start) noexcept:
         """Lower both readers' marks to ``start``: positions from there on were written."""
         if start < self.dirty_from:
@@ -281,7 +294,10 @@ cdef class Int32Buffer:
         cdef const int32_t* data = self.data
         end = min(end, self.size)
         begin = min(max(begin, 0), end)
-        return [data[position] for position in range(begin, end)]
+        values = []
+        for position in range(begin, end):  # (a loop: no list comprehension in the core, _core.pyx)
+            values.append(data[position])
+        return values
 
     cdef object view(self, Py_ssize_t begin, Py_ssize_t end):
         """Read-only snapshot of [begin, end) (clamped to the size), zero-copy."""

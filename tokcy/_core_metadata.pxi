@@ -568,6 +568,12 @@ cdef class AttentionMetadata:
 
     def results(self):
         """(max_query_len, max_kv_len, changed entries, kv_indices length per group) of the last call."""
-        live = ((self.total_live[0],) if self.num_groups == 1  # every step: the common case without a list
-                else tuple([self.total_live[group] for group in range(self.num_groups)]))
+        cdef Py_ssize_t group
+        if self.num_groups == 1:  # every step: the common case without a list
+            live = (self.total_live[0],)
+        else:
+            values = []
+            for group in range(self.num_groups):  # (a loop: no list comprehension in the core, _core.pyx)
+                values.append(self.total_live[group])
+            live = tuple(values)
         return (self.max_query_len, self.max_kv_len, self.num_changed_entries, live)

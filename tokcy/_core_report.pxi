@@ -519,5 +519,9 @@ cdef class ReportState:
 
     def tracked_request_ids(self):
         cdef Py_ssize_t number
-        return sorted([self.table.slots[number].request_id for number in range(self.table.num_slots_used)
-                       if is_live(&self.table.slots[number])])
+        ids = []
+        for number in range(self.table.num_slots_used):  # (a loop: no list comprehension in the core, _core.pyx)
+            if is_live(&self.table.slots[number]):
+                ids.append(self.table.slots[number].request_id)
+        ids.sort()
+        return ids

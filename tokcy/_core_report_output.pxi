@@ -158,7 +158,11 @@ cdef class ReportColumns:
 
     def arrays(self):
         """The twelve columns in ``SchedulerOutput``'s order (made once, on their first read)."""
-        return tuple([self.column(index) for index in range(12)])
+        cdef Py_ssize_t index
+        columns = []
+        for index in range(12):  # (a loop: no list comprehension in the core, _core.pyx)
+            columns.append(self.column(index))
+        return tuple(columns)
 
     @property
     def request_ids(self):
@@ -310,7 +314,10 @@ cdef bint array_fields_agree():
             if fields.dimensions[k] != array.shape[k] or fields.strides[k] != array.strides[k]:
                 return False
     # the arena compares dtypes by identity, and makes its arrays with these
-    return all([np.empty(1, dtype=dtype).dtype is dtype for dtype in (INT64_DTYPE, INT32_DTYPE, BOOL_DTYPE)])
+    for dtype in (INT64_DTYPE, INT32_DTYPE, BOOL_DTYPE):
+        if np.empty(1, dtype=dtype).dtype is not dtype:
+            return False
+    return True
 
 
 # how the arena checks its arrays: through their fields where those read right (see

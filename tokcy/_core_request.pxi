@@ -65,7 +65,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._beam0 = Int32Buffer()
         self._beams = [self._beam0]
         self._beam_width = 1
-        self._state = RequestState.CONTEXT_INIT
+        self._state = CONTEXT_INIT
         self._state_code = 0
         self._seq_slot = NO_SLOT
         self._max_new_tokens = NO_LIMIT
@@ -84,7 +84,9 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
                 raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         num_layer_groups = _invariants.check_num_layer_groups(num_layer_groups)
         # a second __init__ re-initialises everything, exactly as a new Request (both backends)
-        beams = [Int32Buffer(tokens) for _ in range(beam_width)]
+        beams = []
+        for _ in range(beam_width):  # (a loop: no list comprehension in the core, _core.pyx)
+            beams.append(Int32Buffer(tokens))
         tables = tuple(BlockTable() for _ in range(num_layer_groups))
         retired = retire_fields(self)  # no Python code from here to the return
         self._request_id = request_id
@@ -95,7 +97,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._max_new_tokens = NO_LIMIT if max_new_tokens is None else max_new_tokens
         self._context_position = 0
         self._chunk_size = len(tokens)
-        self._state = RequestState.CONTEXT_INIT
+        self._state = CONTEXT_INIT
         self._state_code = 0
         self._seq_slot = NO_SLOT
         self._draft_tokens = NO_DRAFTS
@@ -105,10 +107,16 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     # ----------------------------------------------------------------- pickling, repr
     def _state_dict(self):
         cdef Int32Buffer buffer
+        beams, marks, tables = [], [], []
+        for buffer in self._beams:  # (loops: no list comprehension in the core, _core.pyx)
+            beams.append(buffer.tolist(0, buffer.size))
+            marks.append(buffer.dirty_from)
+        for table in self._block_tables:
+            tables.append(table.__reduce__()[1][1:5])
         return {
             "request_id": self._request_id,
-            "beams": [buffer.tolist(0, buffer.size) for buffer in self._beams],
-            "dirty_from": [buffer.dirty_from for buffer in self._beams],
+            "beams": beams,
+            "dirty_from": marks,
             "prompt_len": self._prompt_len,
             "orig_prompt_len": self._orig_prompt_len,
             # the private fields, as the twin does: a subclass's properties are not what pickles
@@ -118,7 +126,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
             "context_current_position": self._context_position,
             "context_chunk_size": self._chunk_size,
             "draft_tokens": self._draft_tokens.tolist(0, self._draft_tokens.size),
-            "block_tables": [table.__reduce__()[1][1:5] for table in self._block_tables],
+            "block_tables": tables,
             "num_pauses": self._num_pauses,
             "dict": None if type(self) is Request else _pickle.subclass_attributes(self, Request),
         }
@@ -236,7 +244,10 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         """A new list of the beam's tokens (all beams for no argument): O(n), compatibility only."""
         cdef Int32Buffer buffer
         if beam is None:
-            return [buffer.tolist(0, buffer.size) for buffer in self._beams]
+            tokens = []
+            for buffer in self._beams:  # (a loop: no list comprehension in the core, _core.pyx)
+                tokens.append(buffer.tolist(0, buffer.size))
+            return tokens
         buffer = beam_of(self, beam)
         return buffer.tolist(0, buffer.size)
 
@@ -273,7 +284,10 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         """The last token of ``beam``, or a list of every beam's last token: O(1) / O(beams)."""
         cdef Py_ssize_t index
         if beam is None:
-            return [last_token(self, index) for index in range(self._beam_width)]
+            tokens = []
+            for index in range(self._beam_width):  # (a loop: no list comprehension in the core, _core.pyx)
+                tokens.append(last_token(self, index))
+            return tokens
         return last_token(self, beam)
 
     @property
@@ -318,9 +332,16 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
             buffer = <Int32Buffer>beams[0]
             buffer.append(single)
             return buffer.size
-        checked = [token_arg(tokens[beam], f"per_beam[{beam}]") for beam in range(len(tokens))]
+        checked = []
+        for beam in range(len(tokens)):  # (a loop: no list comprehension in the core, _core.pyx)
+            checked.append(token_arg(tokens[beam], f"per_beam[{beam}]"))
         same_beams(self, beams, "per_beam")
-        # `beams` and `checked` have one entry per beam, and neither changes below
+        # `beams` and `checked` have one entry per beam, and neither changes below; every
+        # beam's room first, so that the writes allocate nothing (a failure changes no beam)
+        while not beams_have_room(beams, -1, NULL):
+            for beam in range(len(checked)):
+                buffer = <Int32Buffer>beams[beam]
+                buffer.reserve(buffer.size, 1)
         for beam in range(len(checked)):
             buffer = <Int32Buffer>beams[beam]
             buffer.append(<int32_t>checked[beam])
@@ -329,18 +350,31 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     def set_generated_tokens(self, per_beam):
         """Replace everything after the prompt: beam b becomes prompt + ``per_beam[b]``."""
         cdef Int32Buffer buffer
-        cdef Py_ssize_t beam
+        cdef Py_ssize_t beam, num_beams
         cdef list beams = self._beams
-        arrays = [
-            _tokens.as_int32_array(tokens, f"per_beam[{beam}]") for beam, tokens in
-            enumerate(checked_per_beam(self, per_beam))
-        ]
+        cdef const int32_t[::1] memory
+        arrays = []
+        for beam, tokens in enumerate(checked_per_beam(self, per_beam)):  # (a loop: no list comprehension in the core, _core.pyx)
+            arrays.append(_tokens.as_int32_array(tokens, f"per_beam[{beam}]"))
         same_beams(self, beams, "per_beam")
         cdef Py_ssize_t prompt_len = self._prompt_len
-        for beam in range(len(arrays)):
+        num_beams = len(arrays)
+        # where each beam's tokens are (the arrays, tokcy's own, stay alive and unresized
+        # in `arrays`), then every beam's room: all that allocates, before any beam changes
+        cdef Storage places = new_byte_storage(num_beams * (sizeof(Py_ssize_t) + sizeof(int32_t*)))
+        cdef Py_ssize_t* counts = <Py_ssize_t*>places.export.buf
+        cdef const int32_t** sources = <const int32_t**>(counts + num_beams)
+        for beam in range(num_beams):
+            memory = arrays[beam]
+            counts[beam] = memory.shape[0]
+            sources[beam] = &memory[0] if counts[beam] else NULL
+        while not beams_have_room(beams, prompt_len, counts):
+            for beam in range(num_beams):
+                (<Int32Buffer>beams[beam]).reserve(prompt_len, counts[beam])
+        for beam in range(num_beams):
             buffer = <Int32Buffer>beams[beam]
             buffer.truncate(prompt_len)
-            buffer.extend_array(arrays[beam])
+            buffer.extend(sources[beam], counts[beam])
 
     def truncate(self, Py_ssize_t num_tokens, beam=None):
         """Drop the tail so the beam (every beam for None) keeps ``num_tokens``: O(1).
@@ -443,6 +477,9 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         cdef BlockTable table
         if max_input_len < self._prompt_len:
             raise ValueError(f"max_input_len {max_input_len} is below prompt_len {self._prompt_len}")
+        held = []  # first: the lists are all this allocates, so a failure changes nothing
+        for table in self._block_tables:  # (a loop: no list comprehension in the core, _core.pyx)
+            held.append(table._buffer.tolist(table._buffer.num_released, table._buffer.size))
         if self._beam_width == 1:
             new_prompt_len = min(max_input_len, self._beam0.size)
             if self._max_new_tokens != NO_LIMIT:
@@ -450,13 +487,12 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
             self._prompt_len = new_prompt_len
         for buffer in self._beams:
             buffer.truncate(self._prompt_len)
-        self._state = RequestState.CONTEXT_INIT
+        self._state = CONTEXT_INIT
         self._state_code = 0
         self._context_position = 0
         self._chunk_size = self._prompt_len
         self._draft_tokens = NO_DRAFTS
         self._seq_slot = NO_SLOT
-        held = [table._buffer.tolist(table._buffer.num_released, table._buffer.size) for table in self._block_tables]
         for table in self._block_tables:
             table.truncate(0)
         self._num_pauses += 1
@@ -507,6 +543,20 @@ cdef tuple retire_fields(Request request):
     state, so that happens when the caller drops this tuple, after its last write."""
     return (request._beams, request._beam0, request._draft_tokens, request._block_tables, request._blocks0,
             request._blocks1, request._state)
+
+
+cdef bint beams_have_room(list beams, Py_ssize_t start, const Py_ssize_t* counts) noexcept:
+    """Whether every beam of ``beams`` can take ``counts[b]`` entries from ``start`` (-1:
+    one entry after its size) without allocating (Int32Buffer.has_room). Checked again
+    after the reserves, which may run Python code that changes a beam, with none between
+    this check and the writes."""
+    cdef Py_ssize_t beam
+    cdef Int32Buffer buffer
+    for beam in range(len(beams)):
+        buffer = <Int32Buffer>beams[beam]
+        if not buffer.has_room(buffer.size if start < 0 else start, 1 if counts == NULL else counts[beam]):
+            return False
+    return True
 
 
 cdef inline int same_beams(Request request, list beams, str argument) except -1:

@@ -195,7 +195,10 @@ cdef class RowColumns:
         first = self.first_segment(row, &end)
         if end > length:
             outside(row)
-        return [column[segment] for segment in range(first, end)]
+        counts = []
+        for segment in range(first, end):  # (a loop: no list comprehension in the core, _core.pyx)
+            counts.append(column[segment])
+        return counts
 
 
 cdef RowColumns row_columns(object output):
@@ -281,7 +284,10 @@ cdef class RequestData:
         cdef RowColumns columns = self.checked_columns()
         cdef int64_t end, segment
         cdef int64_t first = columns.first_segment(self.row, &end)
-        return [columns.segment_blocks(segment, self.row) for segment in range(first, end)]
+        blocks = []
+        for segment in range(first, end):  # (a loop: no list comprehension in the core, _core.pyx)
+            blocks.append(columns.segment_blocks(segment, self.row))
+        return blocks
 
     @property
     def num_replaced_blocks_by_group(self):

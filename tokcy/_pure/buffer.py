@@ -100,6 +100,29 @@ class Int32Buffer:
         self.storage[self.size : end] = values
         self.size = end
 
+    def room(self, start, count):
+        """Make writing ``count`` entries from ``start`` (at most the size) need no
+        allocation, and return what ``put`` writes them through: (the storage, its entries
+        ``[start, start + count)``, the new size). A caller writing several buffers makes
+        every one's room before it writes any, so a failure changes none."""
+        while start < self.shared_end or start + count > len(self.storage):
+            self._make_writable(start, start + count)
+        storage = self.storage
+        return storage, storage[start : start + count], start + count
+
+    def put(self, start, values, room):
+        """The entries from ``start`` on become ``values`` (an int32 array, or one token),
+        written through ``room`` (``room(start, len(values))``'s) with no allocation; as
+        ``truncate(start)`` then ``extend`` if code that ran since changed the buffer."""
+        storage, target, end = room
+        if storage is not self.storage or start < self.shared_end or start > self.size:
+            self.truncate(start)
+            self.extend(np.asarray(values, dtype=np.int32).reshape(-1))
+            return
+        self.truncate(start)
+        target[...] = values
+        self.size = end
+
     def set(self, position, value):
         while position < self.shared_end:
             self._make_writable(position, self.size)
@@ -115,7 +138,9 @@ class Int32Buffer:
         self.storage[position] = value
 
     def truncate(self, size):
-        size = min(max(size, 0), self.size)  # never grows, never negative (as the compiled twin)
+        # never grows, never negative (as the compiled twin); no min()/max(), whose call
+        # allocates an argument tuple: a caller relies on this allocating nothing
+        size = 0 if size < 0 else (self.size if size > self.size else size)
         self.size = size
         if size < self.dirty_from:
             self.dirty_from = size

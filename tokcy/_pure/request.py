@@ -130,8 +130,9 @@ class BlockTable:
         num_blocks = as_index(num_blocks, "num_blocks")
         if not 0 <= num_blocks <= self._buffer.size:
             raise ValueError(f"num_blocks {num_blocks} is outside [0, {self._buffer.size}]")
+        released = min(self._num_released, num_blocks)  # (computed first: nothing allocates once it changes)
         self._buffer.truncate(num_blocks)
-        self._num_released = min(self._num_released, num_blocks)
+        self._num_released = released
 
     def clear(self):
         """Drop every entry (``truncate(0)``): the table holds no blocks afterwards."""
@@ -217,14 +218,16 @@ class Request:
         beams = [Int32Buffer(tokens) for _ in range(beam_width)]
         drafts = np.empty(0, dtype=np.int32)
         tables = tuple(BlockTable() for _ in range(num_layer_groups))
+        prompt_len = len(tokens)
+        state = RequestState.CONTEXT_INIT  # (read first too: an attribute lookup may allocate)
         self._request_id = request_id
         self._beams = beams
-        self._prompt_len = self._orig_prompt_len = len(tokens)
+        self._prompt_len = self._orig_prompt_len = prompt_len
         self._max_new_tokens = max_new_tokens
-        self._state = RequestState.CONTEXT_INIT
+        self._state = state
         self._seq_slot = None
         self._context_position = 0
-        self._chunk_size = len(tokens)
+        self._chunk_size = prompt_len
         self._draft_tokens = drafts
         self._block_tables = tables
         self._num_pauses = 0
@@ -437,8 +440,12 @@ class Request:
         tokens = self._per_beam(per_beam)
         checked = [check_token(token, f"per_beam[{beam}]") for beam, token in enumerate(tokens)]
         self._same_beams(beams, "per_beam")
-        for buffer, token in zip(beams, checked):
-            buffer.append(token)
+        if len(beams) == 1:
+            beams[0].append(checked[0])  # (grows before it writes: a failure changes nothing)
+            return beams[0].size
+        rooms = [buffer.room(buffer.size, 1) for buffer in beams]  # every beam's first: the writes allocate nothing
+        for buffer, token, room in zip(beams, checked, rooms):
+            buffer.put(buffer.size, token, room)
         return beams[0].size
 
     def set_generated_tokens(self, per_beam):
@@ -449,9 +456,10 @@ class Request:
         ]
         self._same_beams(beams, "per_beam")
         prompt_len = self._prompt_len
-        for buffer, tokens in zip(beams, arrays):
-            buffer.truncate(prompt_len)
-            buffer.extend(tokens)
+        # every beam's room first: the writes allocate nothing, so a failure changes no beam
+        rooms = [buffer.room(prompt_len, len(tokens)) for buffer, tokens in zip(beams, arrays)]
+        for buffer, tokens, room in zip(beams, arrays, rooms):
+            buffer.put(prompt_len, tokens, room)
 
     def _same_beams(self, beams, argument):
         if self._beams is not beams:  # a conversion ran the caller's code, which re-initialised us
@@ -528,8 +536,10 @@ class Request:
 
     def move_to_next_context_chunk(self):
         """Advance the cursor past the current chunk; the next chunk keeps its size, clamped."""
-        self._context_position += self._chunk_size
-        self._chunk_size = min(self._chunk_size, self._prompt_len - self._context_position)
+        position = self._context_position + self._chunk_size  # (both first: the writes allocate nothing)
+        chunk = min(self._chunk_size, self._prompt_len - position)
+        self._context_position = position
+        self._chunk_size = chunk
 
     # ----------------------------------------------------------- speculative decoding
     @property
@@ -565,21 +575,29 @@ class Request:
         max_input_len = as_index(max_input_len, "max_input_len")
         if max_input_len < self._prompt_len:
             raise ValueError(f"max_input_len {max_input_len} is below prompt_len {self._prompt_len}")
-        if len(self._beams) == 1:
-            new_prompt_len = min(max_input_len, self._beams[0].size)
-            if self._max_new_tokens is not None:
-                self._max_new_tokens = max(0, self._max_new_tokens - (new_prompt_len - self._prompt_len))
-            self._prompt_len = new_prompt_len
-        for buffer in self._beams:
-            buffer.truncate(self._prompt_len)
-        self._state = RequestState.CONTEXT_INIT
-        self._context_position = 0
-        self._chunk_size = self._prompt_len
-        self._draft_tokens = np.empty(0, dtype=np.int32)
-        self._seq_slot = None
+        # every new value first: the writes below allocate nothing, so a failure changes nothing
         held = [table.tolist()[table.num_released:] for table in self._block_tables]
-        for table in self._block_tables:
-            table.truncate(0)
-        self._num_pauses += 1
+        prompt_len, max_new_tokens = self._prompt_len, self._max_new_tokens
+        if len(self._beams) == 1:
+            prompt_len = min(max_input_len, self._beams[0].size)
+            if max_new_tokens is not None:
+                max_new_tokens = max(0, max_new_tokens - (prompt_len - self._prompt_len))
+        drafts = np.empty(0, dtype=np.int32)
+        state = RequestState.CONTEXT_INIT
+        num_pauses = self._num_pauses + 1
+        beams, tables = iter(self._beams), iter(self._block_tables)  # (a loop makes its iterator: made here)
+        self._prompt_len = prompt_len
+        self._max_new_tokens = max_new_tokens
+        for buffer in beams:
+            buffer.truncate(prompt_len)
+        self._state = state
+        self._context_position = 0
+        self._chunk_size = prompt_len
+        self._draft_tokens = drafts
+        self._seq_slot = None
+        for table in tables:
+            table._buffer.truncate(0)
+            table._num_released = 0
+        self._num_pauses = num_pauses
         return held
 

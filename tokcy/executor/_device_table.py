@@ -60,6 +60,7 @@ class DeviceBlockTable:
         self._columns = torch.arange(max_blocks_per_seq, dtype=torch.int32, device=device)[None, :]
         self._views = {}  # padded batch size -> per group views (see _batch_views)
         self._indices = {}  # (group, CSR length) -> (kv_indices view, arange view)
+        self._deltas = {}  # (delta offset, changed entries) -> (their indices' view, their values' view)
         self._offsets = torch.arange(max_batch_size * max_blocks_per_seq, dtype=torch.int64, device=device)
         self._rows = {}  # backend module -> its DeviceTableRows (what each row holds)
 
@@ -87,15 +88,15 @@ class DeviceBlockTable:
         per group, (block_table view, kv_indices view), None for a table not in ``tables``.
 
         Every view of a persistent tensor it needs is made once per size and kept
-        (``_batch_views``). Per group the dense table costs three torch calls (the rows
+        (``_batch_views``, ``_delta_views``, ``_indices_views``). Per group the dense table costs three torch calls (the rows
         gathered by slot, masked past each sequence's blocks) and the CSR three (each run
         start repeated over its live blocks, plus the output index, gathered from the
         table itself), each one or more device ops."""
         torch = self._torch
         if num_changed:  # int64 indices: index_put_ converts no others (one device op fewer)
-            indices = packed_int64[delta_offset // 2 : delta_offset // 2 + num_changed]
-            values = delta_offset + 2 * num_changed
-            self._flat[indices] = packed[values : values + num_changed]
+            indices, values = (self._deltas.get((delta_offset, num_changed))
+                               or self._delta_views(packed, packed_int64, delta_offset, num_changed))
+            self._flat[indices] = values
         if not self.tables:
             return [(None, None)] * self.num_groups
         views = self._batch_views(table_slots.shape[0]) if self._dense else None
@@ -122,6 +123,16 @@ class DeviceBlockTable:
         if views is None:
             views = self._views[padded] = [self.block_table[group, :padded] for group in range(self.num_groups)]
         return views
+
+    def _delta_views(self, packed, packed_int64, delta_offset, num_changed):
+        """(the changed entries' int64 indices, their int32 values): views of the packed
+        device buffer, kept per (offset, count), as decode steps repeat them."""
+        if len(self._deltas) >= 4096:
+            self._deltas.clear()
+        values = delta_offset + 2 * num_changed
+        pair = self._deltas[delta_offset, num_changed] = (
+            packed_int64[delta_offset // 2 : delta_offset // 2 + num_changed], packed[values : values + num_changed])
+        return pair
 
     def _indices_views(self, group, total):
         """(kv_indices[group, :total], arange(total)), kept per length."""
