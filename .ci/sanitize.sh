@@ -32,7 +32,7 @@ LIFETIME_TESTS=(tests/test_memory_safety.py tests/test_prepare_ownership.py test
                 tests/test_connector_output_reuse.py tests/test_connector_threads.py
                 tests/test_change_tracking.py tests/test_executor_duplicates.py
                 tests/test_request_lifecycle.py tests/test_robustness.py tests/test_request_data.py
-                tests/test_connector_direct_rows.py tests/test_hostile_callbacks.py)
+                tests/test_connector_direct_rows.py tests/test_hostile_callbacks.py tests/test_allocation_failures.py)
 
 # detect_leaks=0: CPython's own allocations at exit are not ours to judge; every other
 # report halts the process (halt_on_error, and -fno-sanitize-recover=all in the build).
