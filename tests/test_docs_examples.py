@@ -25,15 +25,17 @@ def python_blocks(page):
 def test_the_pages_with_examples_are_found():
     with_examples = {page.name for page in PAGES if python_blocks(page)}
     assert {"README.md", "index.md", "install.md", "request.md", "executor.md", "connector.md",
-            "threads-and-errors.md", "embedding.md"} <= with_examples
+            "threads-and-errors.md", "embedding.md", "models.md"} <= with_examples
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
 def test_python_blocks_run_as_written(backend, page, capsys):
     blocks = python_blocks(page)
-    if any(re.search(r"^\s*(import|from) torch\b", block, re.MULTILINE) for block in blocks):
-        if importlib.util.find_spec("torch") is None:
-            pytest.skip(f"{page.name} has a torch example and torch is not installed (pip install 'tokcy[torch]')")
+    for module, extra in (("torch", "torch"), ("transformers", "models")):
+        if any(re.search(rf"^\s*(import|from) {module}\b", block, re.MULTILINE) for block in blocks):
+            if importlib.util.find_spec(module) is None:
+                pytest.skip(f"{page.name} has a {module} example and {module} is not installed "
+                            f"(pip install 'tokcy[{extra}]')")
     namespace = {"__name__": f"docs_{page.stem}"}
     for number, block in enumerate(blocks, 1):
         code = compile(block, f"{page.name}, python block {number}", "exec")
