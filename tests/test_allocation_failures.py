@@ -79,8 +79,10 @@ def request_rows(output):
 
 
 def connector_world(backend):
-    """A manager that reported three decoding requests; then each gains tokens and blocks
-    (one a whole block of them), and a new request arrives."""
+    """A manager that reported three decoding requests, their first generated token
+    included; then each gains tokens and blocks (one a whole block of them), one rewrites
+    its reported token (a rejected draft: the report replaces it), and a new request
+    arrives."""
     manager = SchedulerOutputManager()
     requests = []
     for number in range(3):
@@ -91,9 +93,14 @@ def connector_world(backend):
     for number, request in enumerate(requests):
         request.move_to_next_context_chunk()
         request.state = RequestState.GENERATION_IN_PROGRESS
+        request.add_new_token(90 + number)
+    manager.build_scheduler_output([], requests)
+    for number, request in enumerate(requests):
         for token in range(1 + 4 * (number == 1)):
             request.add_new_token(100 + 10 * number + token)
         request.block_tables[0].append(50 + number)
+    requests[2].truncate(5)
+    requests[2].add_new_tokens([77])
     fresh = backend.Request(7, [7, 8, 9])
     fresh.block_tables[0].append(70)
     return manager, requests, fresh
@@ -261,6 +268,21 @@ def context_request(backend):
     return request
 
 
+HELD_VIEWS = {}  # request id -> a view of one of its beams, held while a sweep's call runs
+
+
+def beam_request(backend):
+    """Three beams two tokens into generation, beam 1's tokens viewed (its next write is a
+    copy-on-write), with a block table."""
+    request = backend.Request(3, [30, 31, 32, 33, 34], beam_width=3)
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    request.add_new_tokens([1, 2, 3])
+    request.add_new_tokens([4, 5, 6])
+    request.block_tables[0].extend([7, 8])
+    HELD_VIEWS[request.request_id] = request.get_tokens_view(1)
+    return request
+
+
 REQUEST_CALLS = {
     "add_new_token": (generating_request, lambda request: request.add_new_token(27)),
     "add_new_tokens": (generating_request, lambda request: request.add_new_tokens([27])),
@@ -281,6 +303,11 @@ REQUEST_CALLS = {
     "block truncate": (generating_request, lambda request: request.block_tables[0].truncate(2)),
     "block clear": (generating_request, lambda request: request.block_tables[0].clear()),
     "block release_front": (generating_request, lambda request: request.block_tables[0].release_front(2)),
+    "add_new_tokens, 3 beams": (beam_request, lambda request: request.add_new_tokens([7, 8, 9])),
+    "set_generated_tokens, 3 beams": (beam_request, lambda request: request.set_generated_tokens([[1], [2, 3], []])),
+    "set_generated_tokens, 3 beams, grown": (beam_request, lambda request: request.set_generated_tokens(
+        [list(range(100, 140)), list(range(200, 230)), [5]])),
+    "pause, 3 beams": (beam_request, lambda request: request.pause(100)),
 }
 
 

@@ -315,3 +315,23 @@ def test_an_array_changed_while_its_report_is_written_is_not_handed_on(backend, 
         assert got["token_offsets"] == [0, 200, 400, 600]
         assert got["tokens"] == list(range(1000, 1200)) * 3
         assert columns(step(manager, requests, 8))["tokens"] == [8, 8, 8]
+
+
+def test_num_context_requests_of_a_report_and_of_an_output_made_by_hand(backend):
+    """A manager's report knows its context rows; an output made by hand says what it was
+    given, whatever that is (None included)."""
+    manager, (a, b) = decoding(backend, 2)
+    fresh = backend.Request(9, [1, 2, 3])
+    report = manager.build_scheduler_output([fresh], [a, b])
+    assert report.num_context_requests == 1
+    assert pickle.loads(pickle.dumps(report)).num_context_requests == 1
+    given = [getattr(report, name) for name in COLUMNS]
+    assert SchedulerOutput(None, *given).num_context_requests is None
+    assert SchedulerOutput(3, *given).num_context_requests == 3
+
+
+def test_columns_made_by_hand_hold_no_report(backend):
+    """A backend's ReportColumns is made by a report: one made from Python holds none, and
+    says so instead of showing memory it does not have."""
+    with pytest.raises(TypeError):
+        backend.ReportColumns().arrays()

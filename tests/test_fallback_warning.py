@@ -98,7 +98,7 @@ def test_a_compiled_core_built_from_another_copy_is_refused(tmp_path):
     core = compiled_backend().__file__
     package = _copy_package(tmp_path, with_setup_py=True)
     probe = EDITABLE_HOOK.format(core=core) + (
-        "import sys, tokcy, tokcy.connector\n"
+        "import sys, tokcy, tokcy.connector, tokcy.executor, tokcy.bench.backends\n"
         "from tokcy import _backend\n"
         "print(tokcy.BACKEND, 'tokcy._core' in sys.modules, hasattr(tokcy, '_core'))\n"
         "try:\n"

@@ -53,6 +53,9 @@ def test_prompts_fit_the_checkpoints_positions(backend, tmp_path, capsys):
     assert ("--prompt-len: MAX lowered from 512 to 56: the checkpoint has 64 positions (max_position_embeddings) "
             "and a request may generate 8 tokens") in captured.err
     assert "OK: all 3 requests equal the reference token for token" in captured.out
+    with pytest.raises(SystemExit, match=r"^--prompt-len MIN 60 and --new-tokens MAX 8 pass the checkpoint's 64 "
+                                         r"positions \(max_position_embeddings\)$"):
+        main(argv + ["--prompt-len", "60", "70"])
 
 
 def test_text_prompts_are_encoded_and_the_output_decoded(backend, checkpoints, capsys, tmp_path):

@@ -227,7 +227,7 @@ class AttentionMetadata:
 
 # ------------------------------------------------ the KV-connector report (tokcy.connector)
 # The per-request report state behind tokcy.connector.SchedulerOutputManager; build()
-# returns (number of context rows, the report's ReportColumns), whose arrays() are the
+# returns the report's ReportColumns (num_context: its context rows), whose arrays() are the
 # columns of tokcy.connector.SchedulerOutput in its constructor's order (rows: context,
 # generation, then device-token requests). The arrays are slices of arrays the state keeps
 # and reuses for a later report only once nothing references them. While a build() runs

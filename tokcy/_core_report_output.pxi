@@ -119,20 +119,27 @@ cdef class ReportColumns:
         """The int64 array (None until first read if the arena's no longer showed the
         memory written: OutputArena.fill)."""
         if self.int64_array is None:
-            self.int64_array = storage_array(self.int64_memory, INT64_DTYPE)
+            self.int64_array = storage_array(self.written(self.int64_memory), INT64_DTYPE)
         return self.int64_array
 
     cdef object narrow(self):
         """The int32 array (the tokens, then the block ids), as ``wide``."""
         if self.int32_array is None:
-            self.int32_array = storage_array(self.int32_memory, INT32_DTYPE)
+            self.int32_array = storage_array(self.written(self.int32_memory), INT32_DTYPE)
         return self.int32_array
 
     cdef object flags(self):
         """The bool array (is_new), as ``wide``."""
         if self.bool_array is None:
-            self.bool_array = storage_array(self.bool_memory, BOOL_DTYPE)
+            self.bool_array = storage_array(self.written(self.bool_memory), BOOL_DTYPE)
         return self.bool_array
+
+    cdef Storage written(self, Storage memory):
+        """``memory``, which a report filled (OutputArena.fill): a ReportColumns made any
+        other way (from Python) has none."""
+        if memory is None:
+            raise TypeError("this ReportColumns holds no report: a SchedulerOutputManager's report makes them")
+        return memory
 
     cdef object column(self, Py_ssize_t index):
         """Column ``index`` (COLUMNS' order): made on the first read (wide_layout's places)."""

@@ -361,9 +361,15 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         num_beams = len(arrays)
         # where each beam's tokens are (the arrays, tokcy's own, stay alive and unresized
         # in `arrays`), then every beam's room: all that allocates, before any beam changes
-        cdef Storage places = new_byte_storage(num_beams * (sizeof(Py_ssize_t) + sizeof(int32_t*)))
-        cdef Py_ssize_t* counts = <Py_ssize_t*>places.export.buf
-        cdef const int32_t** sources = <const int32_t**>(counts + num_beams)
+        cdef Py_ssize_t few_counts[8]
+        cdef const int32_t* few_sources[8]
+        cdef Py_ssize_t* counts = few_counts
+        cdef const int32_t** sources = few_sources
+        cdef Storage places
+        if num_beams > 8:  # (a beam search's few beams need no allocation)
+            places = new_byte_storage(num_beams * (sizeof(Py_ssize_t) + sizeof(int32_t*)))
+            counts = <Py_ssize_t*>places.export.buf
+            sources = <const int32_t**>(counts + num_beams)
         for beam in range(num_beams):
             memory = arrays[beam]
             counts[beam] = memory.shape[0]

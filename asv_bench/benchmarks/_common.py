@@ -9,11 +9,12 @@ VOCAB = 128_000
 def backend_module(name):
     """``tokcy._core`` or ``tokcy._pure``; NotImplementedError (asv: skipped) if not built."""
     if name == "cython":
+        from tokcy import _backend
+
         try:
-            from tokcy import _core
+            return _backend.import_compiled()  # (a core built from another copy is refused)
         except ImportError as error:
             raise NotImplementedError(f"tokcy._core is not built: {error}")
-        return _core
     from tokcy import _pure
 
     return _pure

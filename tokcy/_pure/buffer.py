@@ -111,13 +111,13 @@ class Int32Buffer:
         return storage, storage[start : start + count], start + count
 
     def put(self, start, values, room):
-        """The entries from ``start`` on become ``values`` (an int32 array, or one token),
-        written through ``room`` (``room(start, len(values))``'s) with no allocation; as
-        ``truncate(start)`` then ``extend`` if code that ran since changed the buffer."""
+        """The entries from ``start`` on become ``values`` (an int32 array), written through
+        ``room`` (``room(start, len(values))``'s) with no allocation; as ``truncate(start)``
+        then ``extend`` if code that ran since changed the buffer."""
         storage, target, end = room
         if storage is not self.storage or start < self.shared_end or start > self.size:
             self.truncate(start)
-            self.extend(np.asarray(values, dtype=np.int32).reshape(-1))
+            self.extend(values)
             return
         self.truncate(start)
         target[...] = values

@@ -99,6 +99,7 @@ class ReportState:
             try:
                 report = self._plan(groups, fresh, consumed)
                 columns = self._columns(len(groups[0]), report)
+                commits = iter(report[0])  # (the commit's loop would make it: made here)
                 self._slots.update(fresh)  # (a dict may grow: it may fail)
             except BaseException:
                 for request_id in fresh:
@@ -106,7 +107,13 @@ class ReportState:
                 for buffer, dirty_from in consumed:
                     buffer.dirty_from = min(buffer.dirty_from, dirty_from)
                 raise
-            self._commit(report[0])
+            # pass 2: commit the slots, allocating nothing (it sets slots of objects that exist)
+            for slot, size, num_pauses, block_ends in commits:
+                slot.num_tokens = size
+                slot.num_pauses = num_pauses
+                slot.matched = 0  # used by a context row, discarded by any other
+                slot.reported = True
+                slot.num_blocks = block_ends
             return columns
         finally:
             self._busy = False
@@ -211,16 +218,6 @@ class ReportState:
         return ReportColumns((wide, narrow, is_new_flags, len(commits), num_segments, num_tokens, num_blocks,
                               self._num_allocations), num_context)
 
-    @staticmethod
-    def _commit(commits):
-        # pass 2: commit the slots (setting slots of objects that exist allocates nothing)
-        for slot, size, num_pauses, block_ends in commits:
-            slot.num_tokens = size
-            slot.num_pauses = num_pauses
-            slot.matched = 0  # used by a context row, discarded by any other
-            slot.reported = True
-            slot.num_blocks = block_ends
-
     def record_matched_tokens(self, request_id, num_tokens):
         request_id = as_integer(request_id, "request_id")
         num_tokens = as_integer(num_tokens, "num_tokens")
@@ -307,12 +304,17 @@ class ReportColumns:
     list that making the arrays adds to. ``num_context``: the report's context rows (they
     come first)."""
 
-    __slots__ = ("_parts", "_columns", "num_context")
+    __slots__ = ("_parts", "_columns", "_num_context")
 
     def __init__(self, parts, num_context):
         self._parts = parts
         self._columns = None
-        self.num_context = num_context
+        self._num_context = num_context
+
+    @property
+    def num_context(self):
+        """The report's context rows (they come first)."""
+        return self._num_context
 
     def arrays(self):
         """The twelve columns in ``SchedulerOutput``'s order (made once, on their first read)."""

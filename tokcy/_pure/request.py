@@ -443,8 +443,11 @@ class Request:
         if len(beams) == 1:
             beams[0].append(checked[0])  # (grows before it writes: a failure changes nothing)
             return beams[0].size
-        rooms = [buffer.room(buffer.size, 1) for buffer in beams]  # every beam's first: the writes allocate nothing
-        for buffer, token, room in zip(beams, checked, rooms):
+        # every beam's room and its token as an int32 array first: the writes allocate nothing
+        rooms = [buffer.room(buffer.size, 1) for buffer in beams]
+        values = np.array(checked, dtype=np.int32)
+        tokens = [values[beam : beam + 1] for beam in range(len(beams))]
+        for buffer, token, room in zip(beams, tokens, rooms):
             buffer.put(buffer.size, token, room)
         return beams[0].size
 

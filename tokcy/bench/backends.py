@@ -18,9 +18,7 @@ NAMES = ("cython", "python")
 def load(name: str):
     """The backend module for ``name``; ImportError if the compiled core is not built."""
     if name == "cython":
-        from tokcy import _core
-
-        return _core
+        return _backend.import_compiled()  # (a core built from another copy is refused)
     if name == "python":
         from tokcy import _pure
 

@@ -111,10 +111,13 @@ class SchedulerOutput:
         )
 
 
+_FROM_REPORT = object()  # a manager's report's _num_context_requests: its ReportColumns knows
+
+
 def _num_context_requests(output):
     """The rows of context requests (they come first)."""
     count = output._num_context_requests
-    return output._source.num_context if count is None else count  # None: a manager's report
+    return output._source.num_context if count is _FROM_REPORT else count
 
 
 SchedulerOutput.num_context_requests = property(_num_context_requests)
@@ -128,7 +131,8 @@ def new_output():
     backend's ``ReportState.build`` result (a ``ReportColumns``, whose attributes are the
     columns and ``num_context`` the context rows), which sets nothing else."""
     output = _new_object(SchedulerOutput)
-    output._num_context_requests = output._rows = None
+    output._num_context_requests = _FROM_REPORT
+    output._rows = None
     return output
 
 

@@ -10,15 +10,17 @@ writes through the arrays themselves, and plain numpy arrays serve.
 
 import numpy as np
 
+from tokcy import _backend
+
 try:
-    from tokcy._core import zeroed_array
+    _zeroed_array = _backend.import_compiled().zeroed_array  # (a core built from another copy is refused)
 except ImportError:  # no compiled core: the twin has no pointer to protect
-    zeroed_array = None
+    _zeroed_array = None
 
 
 def zeros(shape, dtype):
     """A zero-filled C-contiguous array of ``shape`` (an int or a tuple) and ``dtype``."""
     dtype = np.dtype(dtype)
-    if zeroed_array is None:
+    if _zeroed_array is None:
         return np.zeros(shape, dtype)
-    return zeroed_array(int(np.prod(shape, dtype=np.int64)), dtype).reshape(shape)
+    return _zeroed_array(int(np.prod(shape, dtype=np.int64)), dtype).reshape(shape)

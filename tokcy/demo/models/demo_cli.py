@@ -50,31 +50,37 @@ def tokenizer(directory):
 def workload(args, model):
     """The requests: the text prompts when given (each with the largest --new-tokens budget), else the
     default workload over the model's vocabulary."""
+    positions, budget = max_positions(args.model), args.new_tokens[1]
     if args.prompt:
         encode = tokenizer(args.model).encode
         prompts = tuple(tuple(encode(text).ids) for text in args.prompt)
         if not all(prompts):
             raise SystemExit("--prompt: a prompt encodes to no tokens")
-        return Workload(prompts, (args.new_tokens[1],) * len(prompts))
-    return make_workload(args.requests, prompt_len=prompt_lengths(args), new_tokens=args.new_tokens,
+        longest = max(len(prompt) for prompt in prompts)
+        if positions is not None and longest + budget > positions:
+            raise SystemExit(f"--prompt: a prompt of {longest} tokens and --new-tokens MAX {budget} pass the "
+                             f"checkpoint's {positions} positions (max_position_embeddings)")
+        return Workload(prompts, (budget,) * len(prompts))
+    low, high = args.prompt_len
+    if positions is not None and high + budget > positions:
+        if low + budget > positions:
+            raise SystemExit(f"--prompt-len MIN {low} and --new-tokens MAX {budget} pass the checkpoint's "
+                             f"{positions} positions (max_position_embeddings)")
+        print(f"--prompt-len: MAX lowered from {high} to {positions - budget}: the checkpoint has {positions} "
+              f"positions (max_position_embeddings) and a request may generate {budget} tokens", file=sys.stderr)
+        high = positions - budget
+    return make_workload(args.requests, prompt_len=(low, high), new_tokens=args.new_tokens,
                          vocab_size=model.config.vocab_size, seed=args.seed)
 
 
-def prompt_lengths(args):
-    """``--prompt-len`` (MIN, MAX), MAX lowered (with a note) so that no sequence outgrows the
-    checkpoint's ``max_position_embeddings`` with its largest ``--new-tokens`` budget."""
-    low, high = args.prompt_len
+def max_positions(directory):
+    """The checkpoint's ``max_position_embeddings`` (None if its config does not say)."""
     try:
-        with open(os.path.join(args.model, "config.json")) as file:
+        with open(os.path.join(directory, "config.json")) as file:
             positions = json.load(file).get("max_position_embeddings")
     except (OSError, ValueError, AttributeError):
-        return low, high  # load() read the config already: what it could not read, it refused
-    if not isinstance(positions, int) or high + args.new_tokens[1] <= positions:
-        return low, high
-    lowered = max(low, positions - args.new_tokens[1])
-    print(f"--prompt-len: MAX lowered from {high} to {lowered}: the checkpoint has {positions} positions "
-          f"(max_position_embeddings) and a request may generate {args.new_tokens[1]} tokens", file=sys.stderr)
-    return low, lowered
+        return None  # load() read the config already: what it could not read, it refused
+    return positions if isinstance(positions, int) and positions > 0 else None
 
 
 def reference(args):
