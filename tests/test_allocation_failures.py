@@ -171,29 +171,37 @@ def inputs_seen(inputs):
     return seen
 
 
-def decode_request(backend, request_id, num_tokens, blocks, slot):
-    request = backend.Request(request_id, list(range(100 * request_id, 100 * request_id + num_tokens)))
-    request.state = RequestState.GENERATION_IN_PROGRESS
+def with_blocks(request, blocks, slot):
+    """``request`` with ``blocks`` in its first table (block size 4) and, with a second
+    layer group, twice as many in the second (block size 2)."""
     request.block_tables[0].extend(blocks)
+    if len(request.block_tables) == 2:
+        request.block_tables[1].extend([100 + 2 * block + half for block in blocks for half in (0, 1)])
     request.seq_slot = slot
     return request
 
 
-def executor_world(backend, make_prepare):
+def decode_request(backend, request_id, num_tokens, blocks, slot, groups=1):
+    request = backend.Request(request_id, list(range(100 * request_id, 100 * request_id + num_tokens)),
+                              num_layer_groups=groups)
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    return with_blocks(request, blocks, slot)
+
+
+def executor_world(backend, make_prepare, groups=1):
     """Three decoding requests whose rows were sent once, then changed (a new token each, a
     new block, a truncated table), and a context request; ``make_prepare()`` gives the
     call (prepare_inputs into HostBuffers, or an InputPreparer's prepare)."""
     prepare = make_prepare()
-    decode = [decode_request(backend, 0, 5, [0, 1], 0), decode_request(backend, 1, 7, [4, 5, 6], 1),
-              decode_request(backend, 2, 6, [8, 9, 10, 11], 2)]
+    decode = [decode_request(backend, 0, 5, [0, 1], 0, groups), decode_request(backend, 1, 7, [4, 5, 6], 1, groups),
+              decode_request(backend, 2, 6, [8, 9, 10, 11, 12, 13], 2, groups)]
     prepare([], decode)
     for request in decode:
         request.add_new_token(50 + request.request_id)
     decode[0].block_tables[0].append(2)
-    decode[2].block_tables[0].truncate(2)
-    context = backend.Request(9, list(range(9)))
-    context.block_tables[0].extend([20, 21, 22])
-    context.seq_slot = 5
+    for table in decode[2].block_tables:
+        table.truncate(len(table) // 2)
+    context = with_blocks(backend.Request(9, list(range(9)), num_layer_groups=groups), [20, 21, 22], 5)
     return prepare, [context], decode
 
 
@@ -207,8 +215,8 @@ def executor_steps(prepare, context, decode, first=None):
     return shown
 
 
-def executor_sweep(backend, make_prepare, extra=lambda prepare: None):
-    clean = executor_world(backend, make_prepare)
+def executor_sweep(backend, make_prepare, extra=lambda prepare: None, groups=1):
+    clean = executor_world(backend, make_prepare, groups)
     expected = executor_steps(*clean)
     expected_extra = extra(clean[0])
 
@@ -223,17 +231,18 @@ def executor_sweep(backend, make_prepare, extra=lambda prepare: None):
             assert executor_steps(*world) == expected
         assert extra(world[0]) == expected_extra
 
-    return sweep(lambda: executor_world(backend, make_prepare), call, check)
+    return sweep(lambda: executor_world(backend, make_prepare, groups), call, check)
 
 
-def test_prepare_inputs_failing_at_any_allocation_changes_nothing(backend):
+@pytest.mark.parametrize("block_sizes", [(4,), (4, 2)])
+def test_prepare_inputs_failing_at_any_allocation_changes_nothing(backend, block_sizes):
     from tokcy.executor import HostBuffers, prepare_inputs
 
     def make_prepare():
-        out = HostBuffers(32, 8, max_blocks_per_seq=8)
-        return lambda context, generation: prepare_inputs(context, generation, block_size=4, out=out)
+        out = HostBuffers(32, 8, max_blocks_per_seq=16, num_layer_groups=len(block_sizes))
+        return lambda context, generation: prepare_inputs(context, generation, block_sizes=block_sizes, out=out)
 
-    assert executor_sweep(backend, make_prepare) > 0
+    assert executor_sweep(backend, make_prepare, groups=len(block_sizes)) > 0
 
 
 def test_a_preparer_failing_at_any_allocation_changes_nothing(backend):
@@ -246,6 +255,27 @@ def test_a_preparer_failing_at_any_allocation_changes_nothing(backend):
         return InputPreparer(32, 8, block_size=4, max_blocks_per_seq=8, max_slots=8, num_staging_buffers=1).prepare
 
     assert executor_sweep(backend, make_prepare, lambda prepare: prepare.__self__.block_table.tolist()) > 0
+
+
+def test_a_two_group_preparer_with_device_tokens_failing_at_any_allocation_changes_nothing(backend):
+    """Two layer groups, and the third decoding request's newest token still on the device
+    (its row gathered from the previous step's tokens)."""
+    torch = pytest.importorskip("torch")
+    from tokcy.executor import InputPreparer
+
+    previous = torch.arange(900, 908, dtype=torch.int32)
+
+    def make_prepare():
+        preparer = InputPreparer(32, 8, block_sizes=(4, 2), max_blocks_per_seq=16, max_slots=8, num_staging_buffers=1)
+
+        def prepare(context, generation):
+            return preparer.prepare(context, generation[:2], device_token_requests=generation[2:],
+                                    previous_new_tokens=previous)
+
+        prepare.block_table = preparer.block_table
+        return prepare
+
+    assert executor_sweep(backend, make_prepare, lambda prepare: prepare.block_table.tolist(), groups=2) > 0
 
 
 # ------------------------------------------------------------------------- requests
