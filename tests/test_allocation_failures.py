@@ -356,3 +356,34 @@ def test_a_request_call_failing_at_any_allocation_changes_nothing(backend, name)
         assert request._state_dict() == (before if error is not None else after)
 
     sweep(lambda: make(backend), call, check)
+
+
+@pytest.mark.parametrize("holder", ["HostBuffers", "InputPreparer"])
+def test_a_first_call_failing_at_any_allocation_leaves_a_usable_holder(backend, holder):
+    """The first call into a new holder makes its writers (and a preparer its device
+    table's rows and views): failing anywhere there, it leaves the holder as new, and the
+    next call gives what a first call gives."""
+    from tokcy.executor import HostBuffers, InputPreparer, prepare_inputs
+
+    if holder == "InputPreparer":
+        pytest.importorskip("torch")
+
+    def world():
+        requests = [decode_request(backend, 0, 5, [0, 1], 0), decode_request(backend, 1, 7, [4, 5, 6], 1)]
+        if holder == "HostBuffers":
+            out = HostBuffers(32, 8, max_blocks_per_seq=16)
+            return (lambda: prepare_inputs([], requests, block_size=4, out=out)), None
+        preparer = InputPreparer(32, 8, block_size=4, max_blocks_per_seq=16, max_slots=8, num_staging_buffers=1)
+        return (lambda: preparer.prepare([], requests)), preparer
+
+    def seen(world, inputs):
+        table = None if world[1] is None else world[1].block_table.tolist()
+        return inputs_seen(inputs), table
+
+    clean = world()
+    expected = seen(clean, clean[0]())
+
+    def check(world, result, error):
+        assert seen(world, world[0]() if error is not None else result) == expected
+
+    assert sweep(world, lambda world: world[0](), check) > 0
