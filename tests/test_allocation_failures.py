@@ -211,7 +211,7 @@ def executor_steps(prepare, context, decode, first=None):
     shown = [inputs_seen(first)]
     for request in decode:
         request.add_new_token(60 + request.request_id)
-    shown.append(inputs_seen(prepare([], decode + context[:0])))
+    shown.append(inputs_seen(prepare([], decode)))
     return shown
 
 
