@@ -74,6 +74,28 @@ def test_bad_block_sizes(backend, sizes):
         prepare_inputs([], [request(backend, 1, 3, [1])], block_sizes=sizes)
 
 
+def test_holders_and_preparers_refuse_more_layer_groups_than_the_metadata_holds(backend):
+    """17 layer groups (the metadata holds 16) are refused when the arrays would be made,
+    not at the first call: a HostBuffers, a MetadataBuffers and an InputPreparer; 16 are
+    made, and a call with 17 block sizes still says the same."""
+    from tokcy.executor._metadata import MetadataBuffers
+
+    message = "^between 1 and 16 layer groups, got 17$"
+    with pytest.raises(ValueError, match=message):
+        HostBuffers(4, 4, max_blocks_per_seq=1, num_layer_groups=17)
+    with pytest.raises(ValueError, match=message):
+        MetadataBuffers(4, 4, 1, 17)
+    with pytest.raises(ValueError, match=message):
+        InputPreparer(4, 4, block_sizes=(16,) * 17, max_blocks_per_seq=1)
+    with pytest.raises(ValueError, match="^between 1 and 16 layer groups, got 0$"):
+        MetadataBuffers(4, 4, 1, 0)
+    holder = HostBuffers(4, 4, max_blocks_per_seq=1, num_layer_groups=16)
+    assert holder.metadata.num_layer_groups == 16
+    assert InputPreparer(4, 4, block_sizes=(16,) * 16, max_blocks_per_seq=1).block_sizes == (16,) * 16
+    with pytest.raises(ValueError, match=message):
+        prepare_inputs([], [], block_sizes=(16,) * 17)
+
+
 def test_block_size_without_metadata_outputs(backend):
     with pytest.raises(ValueError, match=r"HostBuffers\(\.\.\., max_blocks_per_seq=\.\.\.\)"):
         prepare_inputs([], [request(backend, 1, 3, [1])], block_size=4, out=HostBuffers(8, 2))

@@ -273,6 +273,17 @@ def test_an_output_made_by_hand_gives_back_the_columns_given(backend):
     assert made.tokens is given["tokens"]
 
 
+def test_the_repr_of_an_output_made_by_hand_counts_its_rows_from_lists_or_arrays(backend):
+    """The columns of an output made by hand are what was given, lists included: its repr
+    counts them without numpy methods (it raised AttributeError on a list)."""
+    lists = ([7, 8, 9], [True, False, True], [0, 4, 0], [2, 1, 1], [0, 0, 0], [0, 2, 3, 4], [5, 6, 7, 8],
+             [0, 1, 2, 3], [0, 1, 1, 2], [11, 12], [0, 0, 0], [0, 0, 0])
+    expected = "SchedulerOutput(new=2, cached=1, tokens=4, blocks=2)"
+    assert repr(SchedulerOutput(2, *lists)) == expected
+    assert repr(SchedulerOutput(2, *(np.asarray(column) for column in lists))) == expected
+    assert repr(SchedulerOutput(0, *([] for _ in lists))) == "SchedulerOutput(new=0, cached=0, tokens=0, blocks=0)"
+
+
 def test_an_array_changed_while_its_report_is_written_is_not_handed_on(backend, monkeypatch, array_reads):
     """A kept array revived from a weak reference and given other memory (``__setstate__``)
     by code that runs while a report is written (here the allocation of the array that

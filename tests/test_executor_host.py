@@ -415,8 +415,25 @@ ERROR_CASES = {
                        ValueError, "request 25"),
     # isinstance() believes an object's __class__; both backends check its real type
     "claims to be a Request": (lambda m: (([], [type("Impostor", (), {"__class__": property(lambda _: m.Request)})()]),
-                                          {}), TypeError, "generation_requests[0] must be a tokcy Request"),
+                                          {}), TypeError,
+                               "generation_requests[0] must be a Request, not test_executor_host.Impostor"),
 }
+
+
+@pytest.mark.parametrize("group", ["context_requests", "generation_requests", "first_draft_requests",
+                                   "device_token_requests"])
+def test_a_request_of_the_other_backend_is_named_as_such(backend, both_backends, group):
+    """prepare_inputs, in every request group, refuses the other backend's Request with the
+    connector's message: the class it got and the class the live backend takes."""
+    compiled, pure = both_backends
+    other = pure if backend is compiled else compiled
+    live = "tokcy._core.Request" if backend is compiled else "tokcy._pure.request.Request"
+    given = "tokcy._pure.request.Request" if backend is compiled else "tokcy._core.Request"
+    groups = {"context_requests": [], "generation_requests": []}
+    groups[group] = [other.Request(1, [1, 2])]
+    with pytest.raises(TypeError) as caught:
+        prepare_inputs(**groups, max_draft_len=1)
+    assert str(caught.value) == f"{group}[0] must be a Request, not {given} (the live backend takes {live})"
 
 
 @pytest.mark.parametrize("case", sorted(ERROR_CASES))

@@ -242,6 +242,29 @@ def test_what_a_preparer_is_made_with_is_read_only(backend):
     assert (plain.block_sizes, plain.max_blocks_per_seq, plain.max_slots, plain.device_table) == (None,) * 4
 
 
+@pytest.mark.parametrize("copy_of", ["pickle", "copy", "deepcopy"])
+def test_a_preparer_and_its_device_inputs_refuse_to_be_copied_and_say_why(backend, copy_of):
+    """An InputPreparer (its buffers are its own) and a DeviceInputs (views of a device
+    buffer the next step overwrites) raise TypeError naming the object, where they raised
+    "cannot pickle 'module' object"; the step's host inputs pickle as a snapshot."""
+    import copy
+    import pickle
+
+    copier = {"pickle": pickle.dumps, "copy": copy.copy, "deepcopy": copy.deepcopy}[copy_of]
+    decode = backend.Request(1, [1, 2, 3])
+    decode.state = RequestState.GENERATION_IN_PROGRESS
+    decode.seq_slot = 0
+    decode.block_tables[0].append(8)
+    preparer = InputPreparer(16, 4, block_size=4, max_blocks_per_seq=4)
+    inputs = preparer.prepare([], [decode])
+    with pytest.raises(TypeError, match="^an InputPreparer cannot be pickled or copied: "):
+        copier(preparer)
+    with pytest.raises(TypeError, match="^a DeviceInputs cannot be pickled or copied: .* pickle its host"):
+        copier(inputs)
+    host = pickle.loads(pickle.dumps(inputs.host))
+    assert (host.input_ids.tolist(), host.slot_mapping.tolist(), host.num_tokens) == ([3], [34], 1)
+
+
 def test_a_preparer_runs_one_call_at_a_time(backend):
     """A call into the same InputPreparer from code a call runs (here an iterable of
     device-token requests; another thread's call alike) is refused with RuntimeError: two

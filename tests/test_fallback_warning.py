@@ -104,15 +104,20 @@ def test_a_compiled_core_built_from_another_copy_is_refused(tmp_path):
         "try:\n"
         "    _backend.import_compiled()\n"
         "except ImportError as error:\n"
-        "    print(type(error).__name__)\n")
+        "    print(type(error).__name__)\n"
+        "from tokcy.bench import cli\n"
+        "print('bench-exit', cli.main(['--backend', 'cython', '--scenario', 'accessors']))\n")
     result = subprocess.run([sys.executable, "-S", "-c", probe], cwd=package.parent, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": _python_path([package.parent]), "TOKCY_PURE_PYTHON": ""},
                             check=True)
-    assert result.stdout.split() == ["python", "False", "False", "_ForeignCoreError"]
+    assert result.stdout.split() == ["python", "False", "False", "_ForeignCoreError", "bench-exit", "2"]
     assert result.stderr.count("PurePythonFallbackWarning") == 1
     assert (f"tokcy was imported from {package}, which has no compiled core of its own; the tokcy._core found, in "
             f"{os.path.dirname(core)}, was built from another copy of tokcy") in result.stderr
     assert "build this copy in place: pip install -e ." in result.stderr
+    # the bench gives the same reason (it said "tokcy._core is not built")
+    assert (f"tokcy bench: backend cython is not available here: tokcy was imported from {package}, which has no "
+            "compiled core of its own") in result.stderr
 
 
 @pytest.mark.backend_free("imports a copy of the package without its compiled core, in a subprocess")

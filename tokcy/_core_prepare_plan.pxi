@@ -14,7 +14,7 @@ cdef int plan_contexts(InputWriter writer, object contexts, AttentionMetadata me
     cdef Py_ssize_t index = 0, start, chunk
     for item in contexts:
         if not isinstance(item, Request):
-            _checks.not_a_request(_checks.CONTEXT, index, item)
+            _checks.not_a_request(_checks.CONTEXT, index, item, Request)
         request = <Request>item
         if writer._seen(request._request_id):
             _checks.duplicate(request._request_id)
@@ -47,7 +47,7 @@ cdef int plan_generation_request(InputWriter writer, object item, Py_ssize_t ind
     cdef SeqSpec* spec
     cdef Py_ssize_t beam, n, k
     if not isinstance(item, Request):
-        _checks.not_a_request(_checks.GENERATION, index, item)
+        _checks.not_a_request(_checks.GENERATION, index, item, Request)
     request = <Request>item
     if writer._seen(request._request_id):
         _checks.duplicate(request._request_id)
@@ -118,7 +118,7 @@ cdef int plan_first_drafts(InputWriter writer, object first_drafts, Py_ssize_t m
     cdef Py_ssize_t index = 0, n, start
     for item in first_drafts:
         if not isinstance(item, Request):
-            _checks.not_a_request(_checks.FIRST_DRAFT, index, item)
+            _checks.not_a_request(_checks.FIRST_DRAFT, index, item, Request)
         request = <Request>item
         if writer._seen(request._request_id):
             _checks.duplicate(request._request_id)
@@ -154,7 +154,7 @@ cdef int plan_device_rows(InputWriter writer, object devices, AttentionMetadata 
     cdef Py_ssize_t index = 0, n
     for item in devices:
         if not isinstance(item, Request):
-            _checks.not_a_request(_checks.DEVICE_TOKEN, index, item)
+            _checks.not_a_request(_checks.DEVICE_TOKEN, index, item, Request)
         request = <Request>item
         if writer._seen(request._request_id):
             _checks.duplicate(request._request_id)

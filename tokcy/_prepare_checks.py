@@ -6,6 +6,7 @@ exception with the same message whichever backend is live. Each function raises.
 
 import numpy as np
 
+from tokcy import _report_checks
 from tokcy._state import RequestState
 from tokcy._tokens import INT32_MAX, as_integer, shown_repr
 
@@ -24,8 +25,10 @@ def _state_name(code):
         return str(code)
 
 
-def not_a_request(group, index, obj):
-    raise TypeError(f"{group}[{index}] must be a tokcy Request, not {type(obj).__name__}")
+def not_a_request(group, index, obj, expected):
+    """``obj`` is not a ``Request`` of the writer's backend (``expected``): the connector's
+    message, which also names the class a Request of the other backend should have been."""
+    _report_checks.not_a_request(group, index, obj, expected)
 
 
 def duplicate(request_id):
@@ -234,15 +237,21 @@ def check_writable_array(name, array, dtype, ndim=1):
         raise ValueError(f"{name} must be a {ndim}-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
 
 
+def check_layer_groups(count):
+    """``count`` layer groups, if the attention metadata can hold them (ValueError if not):
+    checked where metadata arrays are made, and again where they are bound."""
+    if count < 1 or count > MAX_METADATA_GROUPS:
+        raise ValueError(f"between 1 and {MAX_METADATA_GROUPS} layer groups, got {count}")
+    return count
+
+
 def check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
                           block_table, kv_indices):
     """``AttentionMetadata.bind``'s arguments, checked in one order for both backends:
     the group counts, then every array (numpy only: nothing else is written through a
     pointer), so that a bad argument raises the same error whichever backend is live.
     Returns ``max_blocks_per_seq`` as an int (TypeError, naming it, if it is no integer)."""
-    count = len(slot_mapping)
-    if count < 1 or count > MAX_METADATA_GROUPS:
-        raise ValueError(f"between 1 and {MAX_METADATA_GROUPS} layer groups, got {count}")
+    count = check_layer_groups(len(slot_mapping))
     max_blocks_per_seq = as_integer(max_blocks_per_seq, "max_blocks_per_seq")
     if max_blocks_per_seq < 1:
         raise ValueError(f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq}")

@@ -29,7 +29,7 @@ _IN_PROGRESS = RequestState.GENERATION_IN_PROGRESS
 
 def _check_request(item, group, index, seen, expected_state):
     if not issubclass(type(item), Request):  # its real type, as the compiled core checks (not __class__)
-        _checks.not_a_request(group, index, item)
+        _checks.not_a_request(group, index, item, Request)
     request_id = item._request_id
     if request_id in seen:
         _checks.duplicate(request_id)

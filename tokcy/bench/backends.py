@@ -31,14 +31,17 @@ def name_of(module) -> str:
 
 
 def available() -> list[str]:
-    names = []
-    for name in NAMES:
-        try:
-            load(name)
-        except ImportError:
-            continue
-        names.append(name)
-    return names
+    return [name for name in NAMES if why_unavailable(name) is None]
+
+
+def why_unavailable(name: str) -> str | None:
+    """None if backend ``name`` loads here, else why not, in words that say what to do
+    (the compiled core: not built, built for another Python, or built from another copy)."""
+    try:
+        load(name)
+    except ImportError as error:
+        return _backend.fallback_reason(error)
+    return None
 
 
 _SWAPPED = ("Request", "BlockTable", "BACKEND")  # the names of tokcy that follow the live backend

@@ -97,12 +97,12 @@ def run(args, torch_threads) -> int:
         wanted = list(backends.NAMES)
     else:
         wanted = [args.backend]
-    available = backends.available()
-    unavailable = [name for name in wanted if name not in available]
-    if unavailable:
-        print(f"tokcy bench: backend {', '.join(unavailable)} is not available here: tokcy._core is not built "
-              "(reinstall without TOKCY_NO_EXTENSIONS, with a C compiler; or use --backend python)", file=sys.stderr)
-        return 2
+    for name in wanted:
+        reason = backends.why_unavailable(name)
+        if reason is not None:
+            print(f"tokcy bench: backend {name} is not available here: {reason} (or use --backend python)",
+                  file=sys.stderr)
+            return 2
     if args.plot:  # fail before the run, not after it
         try:
             import matplotlib  # noqa: F401

@@ -3,6 +3,8 @@
 import abc
 from operator import attrgetter
 
+import numpy as np
+
 from tokcy import _backend, _request_data
 from tokcy._request_data import COLUMNS, _GivenColumns
 
@@ -105,8 +107,10 @@ class SchedulerOutput:
         return len(self.block_ids)
 
     def __repr__(self):
+        is_new = self.is_new
+        new = int(np.count_nonzero(is_new))  # (a column made by hand may be a list)
         return (
-            f"{type(self).__name__}(new={int(self.is_new.sum())}, cached={int((~self.is_new).sum())}, "
+            f"{type(self).__name__}(new={new}, cached={len(is_new) - new}, "
             f"tokens={len(self.tokens)}, blocks={len(self.block_ids)})"
         )
 

@@ -16,6 +16,7 @@ runs with CPU tensors, no pinning and no events. torch is imported when an
 import numpy as np
 
 from tokcy import _backend
+from tokcy._prepare_checks import check_layer_groups
 from tokcy._pure.metadata import delta_end, delta_start
 from tokcy.executor._host import (
     ARRAY_FIELDS,
@@ -120,6 +121,11 @@ class DeviceInputs:
     def _metadata_fields(self):
         return _made_fields(self, self._preparer._set_device_metadata)  # from (tables, padded, ...)
 
+    def __reduce__(self):
+        raise TypeError("a DeviceInputs cannot be pickled or copied: its tensors are views of its preparer's device "
+                        "buffer, which a later prepare() overwrites; pickle its host (a snapshot of the step) or "
+                        "copy the tensors it holds")
+
     def __repr__(self):
         counts = ", ".join(f"{name}={getattr(self, name)}" for name in COUNT_FIELDS)
         return f"DeviceInputs({counts})"
@@ -181,7 +187,7 @@ class InputPreparer:
             raise ValueError(f"num_staging_buffers must be >= 2 with CUDA, got {num_staging_buffers}")
         self._torch = torch
         self._block_sizes = block_sizes_arg(block_size, block_sizes)
-        num_groups = 0 if self._block_sizes is None else len(self._block_sizes)
+        num_groups = 0 if self._block_sizes is None else check_layer_groups(len(self._block_sizes))
         if num_groups and max_blocks_per_seq is None:
             raise ValueError("a block size needs max_blocks_per_seq (the device block table's width)")
         if num_groups and self._max_beam_width != 1:
@@ -242,6 +248,11 @@ class InputPreparer:
         # set while prepare() runs: two calls at once would share a staging slot and the
         # device table's scatter and gather (a second call is refused)
         self._busy = False
+
+    def __reduce__(self):
+        raise TypeError("an InputPreparer cannot be pickled or copied: its staging buffers, writers and device "
+                        "tensors belong to it (CUDA graphs may hold their addresses); make another with the same "
+                        "arguments")
 
     def _view(self, name, length):
         """``tensors[name][:length]``, the same tensor object every time for a length."""

@@ -11,6 +11,7 @@ import operator
 import numpy as np
 
 from tokcy import _backend
+from tokcy import _prepare_checks as _checks
 from tokcy.executor._memory import zeros
 from tokcy.executor._read_only import read_only
 
@@ -72,7 +73,7 @@ class MetadataBuffers:
     __slots__ = tuple("_" + name for name in METADATA_BUFFER_FIELDS) + ("_writers",)
 
     def __init__(self, max_num_tokens, max_batch_size, max_blocks_per_seq, num_layer_groups=1):
-        groups = range(num_layer_groups)
+        groups = range(_checks.check_layer_groups(num_layer_groups))  # before any array is made
         self._adopt(max_blocks_per_seq, zeros(max_batch_size, np.int32), zeros(max_batch_size + 1, np.int32),
                     [zeros(max_num_tokens, np.int64) for _ in groups],
                     [zeros(max_batch_size + 1, np.int32) for _ in groups],
