@@ -178,24 +178,20 @@ def tokcy_preparer(world):
     preparer.prepare([], world.requests)  # the first step sends every table whole
     table = preparer.device_table
     real_apply = table.apply
-    recorded = {}
-
-    def stub(*args):
-        recorded["args"] = args
-        return recorded["outputs"]
-
     views = preparer._batch_views(len(world.requests))  # (table slots, kv_indptr, what the gather reads)
-    recorded["outputs"] = real_apply(preparer._device_packed, preparer._device_packed_int64, 0, 0, views[0], views[2],
-                                     _indices(world, sizes))
-    table.apply = stub
+    outputs = real_apply(preparer._device_packed, preparer._device_packed_int64, 0, 0, views[0], views[2],
+                         _indices(world, sizes))
+    recorded = []
+    table.apply = lambda *args: recorded.append(args) or outputs  # one step records what apply is given
 
     def step():
         world.touch()
         preparer.prepare([], world.requests)
 
     step()
+    table.apply = lambda *args: outputs  # the timed steps: the stub alone
     bytes_sent = preparer.last_copy_bytes
-    device_side = lambda: real_apply(*recorded["args"])  # noqa: E731
+    device_side = lambda: real_apply(*recorded[0])  # noqa: E731
     return step, bytes_sent, device_side
 
 
