@@ -30,10 +30,6 @@ def name_of(module) -> str:
     return "cython" if module.__name__.endswith("_core") else "python"
 
 
-def available() -> list[str]:
-    return [name for name in NAMES if why_unavailable(name) is None]
-
-
 def why_unavailable(name: str) -> str | None:
     """None if backend ``name`` loads here, else why not, in words that say what to do
     (the compiled core: not built, built for another Python, or built from another copy)."""
