@@ -113,6 +113,58 @@ def test_set_generated_tokens_refuses_a_request_reinitialised_by_a_conversion(ba
     assert request.get_tokens() == [[1, 2, 3]] * 64
 
 
+@pytest.mark.parametrize("call", ["set_generated_tokens", "add_new_tokens"])
+def test_a_request_paused_or_reinitialised_while_a_write_makes_room_is_left_as_that_code_left_it(backend, call):
+    """Beam 0 is viewed, so the write makes new storage, and Python code runs as the old
+    storage goes: here it adds five tokens and pauses the request (set_generated_tokens:
+    the prompt grows to 13), or re-initialises it (add_new_tokens). The call is refused
+    (RuntimeError) and the request is as that code left it: set_generated_tokens cut the
+    beam to the prompt length read before (8 of its 13 tokens), add_new_tokens wrote into
+    the beams it had before."""
+    request = backend.Request(1, list(range(8)), beam_width=1 if call == "set_generated_tokens" else 2)
+    view = request.get_tokens_view(0)
+
+    def pause():
+        for token in range(100, 105):
+            request.add_new_token(token)
+        request.pause(1000)
+
+    def reinitialise():
+        request.__init__(2, [7, 7], beam_width=2)
+
+    state = when_storage_retires(view, pause if call == "set_generated_tokens" else reinitialise)
+    del view
+    with pytest.raises(RuntimeError, match=f"^the request was re-initialised or paused by code that ran during {call}: "
+                                           "nothing was changed$"):
+        if call == "set_generated_tokens":
+            request.set_generated_tokens([[1, 2, 3]])
+        else:
+            request.add_new_tokens([5, 6])
+    assert state["ran"]
+    if call == "set_generated_tokens":
+        assert (request.prompt_len, request.get_tokens(0)) == (13, list(range(8)) + list(range(100, 105)))
+    else:
+        assert (request.request_id, request.get_tokens()) == (2, [[7, 7], [7, 7]])
+
+
+def test_what_the_collector_hands_out_of_compiled_objects_cannot_change_what_they_read(backend):
+    """gc.get_referents hands out an object's containers: a request's beams are a tuple
+    (were a list whose clearing made the next read go past it), and a report's columns
+    hand out nothing (their list of made columns, cleared, made a read go past it). The
+    twin's are Python lists, which only break the twin's own Python, never memory."""
+    request = backend.Request(1, [1, 2, 3], beam_width=2)
+    manager = SchedulerOutputManager()
+    output = manager.build_scheduler_output([request], [])
+    if backend.__name__.endswith("_core"):
+        assert not [item for item in gc.get_referents(request) if isinstance(item, (list, dict, set, bytearray))]
+        assert gc.get_referents(output._source) == [] and not gc.is_tracked(output._source)
+    for item in gc.get_referents(request) + gc.get_referents(output._source):
+        if isinstance(item, list) and backend.__name__.endswith("_core"):
+            item.clear()
+    assert request.get_tokens(1) == [1, 2, 3] and request.add_new_tokens([4, 5]) == 4
+    assert output.tokens.tolist() == [1, 2, 3] and output.request_ids.tolist() == [1]
+
+
 def test_a_grow_survives_python_code_that_grows_the_same_buffer(backend):
     """Beam 0 is full (16 of 16): appending makes new storage, and Python code run as the
     old storage goes replaces the generated tokens with 4,096 more. The append lands after
@@ -306,6 +358,27 @@ def test_bound_output_arrays_and_their_base_cannot_be_resized(backend):
     assert prepare_inputs([], requests, out=out).input_ids.tolist() == [99] * 4
 
 
+class HidesItsBase(np.ndarray):
+    @property
+    def base(self):
+        return None
+
+
+def test_the_memory_behind_a_bound_array_that_hides_its_base_cannot_be_resized(backend):
+    """An output array whose base property says None: the array its memory comes from is
+    still guarded (numpy's own base is followed), so it cannot be resized, freeing the
+    memory under the writer, even with refcheck=False."""
+    memory = np.zeros(64, np.int32)
+    arrays = writer_arrays()
+    arrays[0] = memory[:64].view(HidesItsBase)
+    writer = backend.InputWriter()
+    writer.bind(*arrays)
+    with pytest.raises(ValueError, match="cannot resize"):
+        memory.resize(1 << 20, refcheck=False)
+    assert writer.prepare([], decode_requests(backend, 2), (), (), 0, None, 0, None)[3] == 2
+    assert memory[:2].tolist() == [30, 31]
+
+
 def holder(metadata):
     """A HostBuffers of 64 tokens and 8 sequences writing its metadata into ``metadata``."""
     return HostBuffers.from_arrays(metadata=metadata, **dict(zip(ARRAY_FIELDS, HostBuffers(64, 8).arrays)))
@@ -332,6 +405,104 @@ def test_metadata_outputs_must_be_numpy_arrays_and_cannot_be_resized_while_bound
     for request in requests:
         request.add_new_token(99)
     assert prepare_inputs([], requests, out=out, block_size=16).kv_lens.tolist() == [4] * 4
+
+
+class SaysEight(np.ndarray):
+    """An array that says it holds 8 entries (len and shape), 8 columns when 2-D, and an
+    8-byte aligned address, whatever it holds and wherever it lies."""
+
+    def __len__(self):
+        return 8
+
+    @property
+    def shape(self):
+        return (8,) if self.ndim == 1 else (8, 8)
+
+    @property
+    def ctypes(self):
+        class Aligned:
+            data = 8
+        return Aligned()
+
+
+def test_metadata_arrays_are_sized_by_numpy_not_by_what_a_subclass_says(backend):
+    """kv_lens of 1 entry saying it holds 8: a batch of 8 sequences is refused for the
+    room it really has, and nothing is written past it (the compiled core took the length
+    from len(); its second pass wrote 7 entries into the array next to it)."""
+    backing = np.full(16, -7, np.int32)
+    metadata = MetadataBuffers.from_arrays(max_blocks_per_seq=4, **metadata_arrays(backing[:1].view(SaysEight)))
+    with pytest.raises(ValueError, match="^the batch needs 8 metadata sequences but the output has room for 1$"):
+        prepare_inputs([], decode_requests(backend, 8), out=holder(metadata), block_size=16)
+    assert backing.tolist() == [-7] * 16
+    assert prepare_inputs([], decode_requests(backend, 1), out=holder(metadata), block_size=16).kv_lens.tolist() == [3]
+    assert backing.tolist() == [3] + [-7] * 15
+
+
+def test_a_dense_table_and_a_delta_area_are_checked_by_what_numpy_says(backend):
+    """A dense table of 3 columns saying 8, and a delta area 4 bytes off an 8-byte line
+    saying it is aligned: both refused with the check's message, on both backends."""
+    arrays = metadata_arrays(np.zeros(8, np.int32))
+    metadata = backend.AttentionMetadata()
+    with pytest.raises(ValueError, match=r"^block_table\[0\] must have 8 columns, got 3$"):
+        metadata.bind(8, *arrays.values(), (np.zeros((8, 3), np.int32).view(SaysEight),), (np.zeros(64, np.int32),))
+    metadata.bind(8, *arrays.values())
+    rows = backend.DeviceTableRows(8, 1, 8)
+    gathers = ((np.zeros(8, np.int32),), (np.zeros(8, np.int64),), (np.zeros(8, np.int64),))
+    memory = np.zeros(33, np.int64).view(np.int32)
+    misaligned = memory[1:].view(SaysEight)
+    with pytest.raises(ValueError, match=r"^delta_area must be 8-byte aligned \(the changed entries' indices are "
+                                         r"int64\)$"):
+        metadata.bind_device_table(rows, np.zeros(8, np.int32), misaligned, *gathers)
+    assert not metadata.has_device_table
+
+
+class CallsBack(list):
+    """A sequence of arrays whose iteration first runs ``call``."""
+
+    def __init__(self, arrays, call):
+        super().__init__(arrays)
+        self.call = call
+
+    def __iter__(self):
+        self.call()
+        return super().__iter__()
+
+
+def test_a_call_from_code_that_bind_runs_is_refused(backend):
+    """Binding runs caller code (here the iteration of a group's arrays, and a collection's
+    callbacks); a writer's call from there is refused with RuntimeError: another thread's,
+    whose second pass may write the bound outputs without the GIL, must not see them
+    swapped mid-call (it saw the old guard down and ran: a use-after-free under the
+    sanitizer, with a thread whose call started in the gap)."""
+    requests = decode_requests(backend, 4)
+    metadata = backend.AttentionMetadata()
+    arrays = list(metadata_arrays(np.zeros(8, np.int32)).values())
+    metadata.bind(4, *arrays)
+    writer = backend.InputWriter()
+    writer.bind(*writer_arrays())
+    writer.set_metadata(metadata)
+    refused = []
+
+    def prepare():
+        try:
+            writer.prepare([], requests, (), (), 0, None, 0, (16,))
+        except RuntimeError as error:
+            refused.append(str(error))
+
+    arrays[2] = CallsBack(arrays[2], prepare)  # slot_mapping
+    metadata.bind(4, *arrays)
+    assert refused == ["these attention-metadata outputs are in use by another call (a writer that shares them)"]
+    assert writer.prepare([], requests, (), (), 0, None, 0, (16,))[3] == 4  # bound, and usable
+
+    refused.clear()
+    for slack in range(-2, 40):  # a collection somewhere in the writer's bind, which allocates
+        new = writer_arrays()
+        with at_next_collection(prepare, slack) as state:
+            state["calling"] = True
+            writer.bind(*new)
+            state["calling"] = False
+    assert refused and {message.split(" (")[0] for message in refused} == {
+        "this InputWriter is in use by another call"}, refused
 
 
 class CallsOtherWriter:

@@ -576,3 +576,21 @@ def test_16_an_output_array_given_other_memory_does_not_free_what_its_writer_wri
     assert not any(any(block) for block in churn)
     fresh = prepare_inputs([request], [], out=HostBuffers(4096, 8, max_blocks_per_seq=256), block_size=16)
     assert fresh.input_ids.tolist() == list(range(3000)) and fresh.slot_mapping[-1] == 2999
+
+
+@pytest.mark.backend_free("tokcy._core.zeroed_array is the compiled core's own (the twin's arrays are numpy's)")
+def test_zeroed_array_takes_plain_number_dtypes_of_a_size_that_fits():
+    """The compiled core's output memory: a dtype of no bytes (which divided by zero when
+    numpy read the array's interface) or of Python objects (raw zeros read as
+    references) is refused, as is a size whose bytes overflow."""
+    from tests.conftest import compiled_backend
+
+    zeroed_array = compiled_backend().zeroed_array
+    for dtype in ("S0", "V0", object, "U1", "M8[s]"):
+        with pytest.raises(ValueError, match="^zeroed_array needs a boolean, integer or float dtype, got "):
+            zeroed_array(4, dtype)
+    with pytest.raises(OverflowError, match="do not fit in memory"):
+        zeroed_array(2**62, np.int32)
+    for dtype in (np.int32, np.int64, np.bool_, np.float32):
+        array = zeroed_array(3, dtype)
+        assert array.dtype == dtype and array.tolist() == [0, 0, 0] and array.flags.writeable

@@ -9,6 +9,7 @@ from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
+from cpython.pyport cimport PY_SSIZE_T_MAX
 
 cdef Py_ssize_t MIN_CAPACITY = 16
 cdef object INT64_DTYPE = np.dtype(np.int64)  # the dtypes of the arrays the core shows its memory as
@@ -90,12 +91,20 @@ def zeroed_array(Py_ssize_t count, dtype):
     writable 1-D numpy array that does not own it (storage_array()), for the arrays
     writers are bound to: no ``resize`` or ``__setstate__`` of it frees what a writer
     writes, and a writer bound to it keeps its ArraySource, hence the Storage."""
+    cdef Py_ssize_t itemsize
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
     dtype = np.dtype(dtype)
-    cdef Storage memory = new_byte_storage(count * dtype.itemsize)
+    # plain numbers only: a zero-sized item would divide by zero in the ArraySource, and
+    # an object dtype would read raw zeroed memory as references
+    if dtype.kind not in "biuf" or dtype.hasobject or dtype.itemsize < 1:
+        raise ValueError(f"zeroed_array needs a boolean, integer or float dtype, got {dtype}")
+    itemsize = dtype.itemsize
+    if count > PY_SSIZE_T_MAX // itemsize:
+        raise OverflowError(f"{count} entries of {itemsize} bytes do not fit in memory")
+    cdef Storage memory = new_byte_storage(count * itemsize)
     if count:
-        memset(memory.export.buf, 0, count * dtype.itemsize)
+        memset(memory.export.buf, 0, count * itemsize)
     return storage_array(memory, dtype)
 
 

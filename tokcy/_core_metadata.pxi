@@ -101,61 +101,71 @@ cdef class AttentionMetadata:
         cdef Py_ssize_t cap_indices[MAX_LAYER_GROUPS]
         cdef int32_t* lens
         cdef int32_t* cu_lens
-        cdef Py_ssize_t cap_tokens = -1, cap_seqs
+        cdef Py_ssize_t cap_tokens = -1, cap_seqs, length, cu_length
         if self.busy:
             _checks.metadata_busy()
-        width = _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr,
-                                              kv_last_page_len, block_table, kv_indices)  # the twin's checks and order
-        count = len(slot_mapping)
-        arrays = (kv_lens, cu_kv_seqlens, tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len),
-                  None if block_table is None else tuple(block_table),
-                  None if kv_indices is None else tuple(kv_indices))
-        # none of them can be resized while bound: the guards travel with them in _arrays
-        arrays += (_invariants.resize_guards((kv_lens, cu_kv_seqlens) + arrays[2] + arrays[3] + arrays[4]
-                                             + (arrays[5] or ()) + (arrays[6] or ())),)
-        # every pointer taken (each array checked) before anything changes: a bad array
-        # leaves the writer bound to its old arrays, which it still owns
-        lens = int32_pointer(kv_lens)
-        cu_lens = int32_pointer(cu_kv_seqlens)
-        cap_seqs = min(len(kv_lens), len(cu_kv_seqlens) - 1)
-        for group in range(count):
-            slots[group] = int64_pointer(arrays[2][group])
-            indptr[group] = int32_pointer(arrays[3][group])
-            last_page_len[group] = int32_pointer(arrays[4][group])
-            cap_tokens = len(arrays[2][group]) if cap_tokens < 0 else min(cap_tokens, len(arrays[2][group]))
-            cap_seqs = min(cap_seqs, len(arrays[3][group]) - 1, len(arrays[4][group]))
-            if block_table is None:
-                tables[group] = NULL
-                indices[group] = NULL
-                cap_indices[group] = -1
-            else:
-                dense = arrays[5][group]  # max_blocks_per_seq columns (checked)
-                tables[group] = &dense[0, 0] if dense.shape[0] else NULL
-                cap_seqs = min(cap_seqs, dense.shape[0])
-                indices[group] = int32_pointer(arrays[6][group])
-                cap_indices[group] = len(arrays[6][group])
-        self.release()
-        # what was bound is released on return, once no pointer is into it
-        retired_arrays, retired_device_arrays, retired_rows = self._arrays, self._device_arrays, self.rows
-        # the device table's arrays were sized with the old ones (cap_seqs): unbound with them
-        self.has_device_table = False
-        self.rows = None
-        self._device_arrays = None
-        self._arrays = arrays
-        self.width = width
-        self.kv_lens = lens
-        self.cu_kv_seqlens = cu_lens
-        self.cap_tokens = cap_tokens
-        self.cap_seqs = cap_seqs
-        for group in range(count):
-            self.slot_mapping[group] = slots[group]
-            self.kv_indptr[group] = indptr[group]
-            self.kv_last_page_len[group] = last_page_len[group]
-            self.block_table[group] = tables[group]
-            self.kv_indices[group] = indices[group]
-            self.cap_indices[group] = cap_indices[group]
-        self.num_bound_groups = count
-        self._block_sizes = None
+        # busy for the whole call: the checks read the arrays' attributes, which may run
+        # Python code that lets another thread in; a writer's call then is refused, as one
+        # whose second pass may be writing these outputs without the GIL must not see them swapped
+        self.busy = True
+        try:
+            # the twin's checks, in its order
+            width = _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr,
+                                                  kv_last_page_len, block_table, kv_indices)
+            count = len(slot_mapping)
+            arrays = (kv_lens, cu_kv_seqlens, tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len),
+                      None if block_table is None else tuple(block_table),
+                      None if kv_indices is None else tuple(kv_indices))
+            # none of them can be resized while bound: the guards travel with them in _arrays
+            arrays += (_invariants.resize_guards((kv_lens, cu_kv_seqlens) + arrays[2] + arrays[3] + arrays[4]
+                                                 + (arrays[5] or ()) + (arrays[6] or ())),)
+            # every pointer taken (each array checked) before anything changes: a bad array
+            # leaves the writer bound to its old arrays, which it still owns
+            lens = int32_pointer(kv_lens, &length)
+            cu_lens = int32_pointer(cu_kv_seqlens, &cu_length)
+            cap_seqs = min(length, cu_length - 1)
+            for group in range(count):
+                slots[group] = int64_pointer(arrays[2][group], &length)
+                cap_tokens = length if cap_tokens < 0 else min(cap_tokens, length)
+                indptr[group] = int32_pointer(arrays[3][group], &length)
+                cap_seqs = min(cap_seqs, length - 1)
+                last_page_len[group] = int32_pointer(arrays[4][group], &length)
+                cap_seqs = min(cap_seqs, length)
+                if block_table is None:
+                    tables[group] = NULL
+                    indices[group] = NULL
+                    cap_indices[group] = -1
+                else:
+                    dense = arrays[5][group]
+                    if dense.shape[1] != width:  # (the check above read .shape, which a subclass may fake)
+                        _checks.dense_columns(group, width, dense.shape[1])
+                    tables[group] = &dense[0, 0] if dense.shape[0] else NULL
+                    cap_seqs = min(cap_seqs, dense.shape[0])
+                    indices[group] = int32_pointer(arrays[6][group], &cap_indices[group])
+            self.release()
+            # what was bound is released on return, once no pointer is into it
+            retired_arrays, retired_device_arrays, retired_rows = self._arrays, self._device_arrays, self.rows
+            # the device table's arrays were sized with the old ones (cap_seqs): unbound with them
+            self.has_device_table = False
+            self.rows = None
+            self._device_arrays = None
+            self._arrays = arrays
+            self.width = width
+            self.kv_lens = lens
+            self.cu_kv_seqlens = cu_lens
+            self.cap_tokens = cap_tokens
+            self.cap_seqs = cap_seqs
+            for group in range(count):
+                self.slot_mapping[group] = slots[group]
+                self.kv_indptr[group] = indptr[group]
+                self.kv_last_page_len[group] = last_page_len[group]
+                self.block_table[group] = tables[group]
+                self.kv_indices[group] = indices[group]
+                self.cap_indices[group] = cap_indices[group]
+            self.num_bound_groups = count
+            self._block_sizes = None
+        finally:
+            self.busy = False
 
     def bind_device_table(self, rows, table_slots, delta_area, gather_blocks, gather_live, gather_base):
         """Keep the device block table whose rows ``rows`` describes: per sequence write the
@@ -171,44 +181,53 @@ cdef class AttentionMetadata:
         cdef int64_t* base[MAX_LAYER_GROUPS]
         cdef int32_t* slots
         cdef int32_t* deltas
-        cdef Py_ssize_t cap_seqs
+        cdef Py_ssize_t cap_seqs, length, delta_capacity
         if self.busy:
             _checks.metadata_busy()
-        if self._arrays is None:
-            raise RuntimeError("bind() the metadata arrays first")
-        if not isinstance(rows, DeviceTableRows):
-            raise TypeError(f"Argument 'rows' has incorrect type (expected tokcy._core.DeviceTableRows, "
-                            f"got {type(rows).__name__})")
-        if (<DeviceTableRows>rows).num_groups != count or (<DeviceTableRows>rows).width != self.width:
-            raise ValueError(f"the device table has {rows.num_groups} groups of {rows.width} columns, "
-                             f"the outputs {count} of {self.width}")
-        if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
-            raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
-        gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
-        _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # the twin's checks and order
-        guards = _invariants.resize_guards((table_slots, delta_area) + gathers[0] + gathers[1] + gathers[2])
-        slots = int32_pointer(table_slots)
-        deltas = int32_pointer(delta_area)  # 8-byte aligned (checked)
-        cap_seqs = min(self.cap_seqs, len(table_slots))
-        for group in range(count):  # every pointer taken (each array checked) before anything changes
-            blocks[group] = int32_pointer(gathers[0][group])
-            live[group] = int64_pointer(gathers[1][group])
-            base[group] = int64_pointer(gathers[2][group])
-            cap_seqs = min(cap_seqs, len(gathers[0][group]), len(gathers[1][group]), len(gathers[2][group]))
-        self.release()
-        retired_device_arrays, retired_rows = self._device_arrays, self.rows  # released on return, once unused
-        self.rows = rows
-        self._device_arrays = (table_slots, delta_area, gathers, guards)
-        self.table_slots = slots
-        self.delta_area = deltas
-        self.cap_seqs = cap_seqs
-        for group in range(count):
-            self.gather_blocks[group] = blocks[group]
-            self.gather_live[group] = live[group]
-            self.gather_base[group] = base[group]
-        self.delta_capacity = len(delta_area)
-        self.max_slots = rows.max_slots
-        self.has_device_table = True
+        # busy for the whole call, as bind()
+        self.busy = True
+        try:
+            if self._arrays is None:
+                raise RuntimeError("bind() the metadata arrays first")
+            if not isinstance(rows, DeviceTableRows):
+                raise TypeError(f"Argument 'rows' has incorrect type (expected tokcy._core.DeviceTableRows, "
+                                f"got {type(rows).__name__})")
+            if (<DeviceTableRows>rows).num_groups != count or (<DeviceTableRows>rows).width != self.width:
+                raise ValueError(f"the device table has {rows.num_groups} groups of {rows.width} columns, "
+                                 f"the outputs {count} of {self.width}")
+            if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
+                raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
+            gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
+            _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # the twin's checks and order
+            guards = _invariants.resize_guards((table_slots, delta_area) + gathers[0] + gathers[1] + gathers[2])
+            slots = int32_pointer(table_slots, &length)
+            cap_seqs = min(self.cap_seqs, length)
+            deltas = int32_pointer(delta_area, &delta_capacity)
+            if <uintptr_t>deltas % 8:  # (checked above through .ctypes, which a subclass may fake)
+                _checks.misaligned_delta_area()
+            for group in range(count):  # every pointer taken (each array checked) before anything changes
+                blocks[group] = int32_pointer(gathers[0][group], &length)
+                cap_seqs = min(cap_seqs, length)
+                live[group] = int64_pointer(gathers[1][group], &length)
+                cap_seqs = min(cap_seqs, length)
+                base[group] = int64_pointer(gathers[2][group], &length)
+                cap_seqs = min(cap_seqs, length)
+            self.release()
+            retired_device_arrays, retired_rows = self._device_arrays, self.rows  # released on return, once unused
+            self.rows = rows
+            self._device_arrays = (table_slots, delta_area, gathers, guards)
+            self.table_slots = slots
+            self.delta_area = deltas
+            self.cap_seqs = cap_seqs
+            for group in range(count):
+                self.gather_blocks[group] = blocks[group]
+                self.gather_live[group] = live[group]
+                self.gather_base[group] = base[group]
+            self.delta_capacity = delta_capacity
+            self.max_slots = rows.max_slots
+            self.has_device_table = True
+        finally:
+            self.busy = False
 
     # ------------------------------------------------------------------ pass 1
     cdef int configure(self, object block_sizes) except -1:

@@ -64,11 +64,17 @@ cdef inline void set_group_spec(GroupSpec* spec, PyObject* buffer, Py_ssize_t nu
     spec.num_released = num_released
 
 
-cdef inline int32_t* int32_pointer(int32_t[::1] memory):
+# The first entry of an array bound for writing (NULL if it has none), and its length
+# into ``length``: both from the buffer numpy exports (typed, C-contiguous, writable), never
+# from what the object says of itself (an ndarray subclass may answer len() or .shape
+# with anything).
+cdef inline int32_t* int32_pointer(int32_t[::1] memory, Py_ssize_t* length):
+    length[0] = memory.shape[0]
     return &memory[0] if memory.shape[0] else NULL
 
 
-cdef inline int64_t* int64_pointer(int64_t[::1] memory):
+cdef inline int64_t* int64_pointer(int64_t[::1] memory, Py_ssize_t* length):
+    length[0] = memory.shape[0]
     return &memory[0] if memory.shape[0] else NULL
 
 

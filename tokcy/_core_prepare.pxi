@@ -89,20 +89,31 @@ cdef class InputWriter:
         they cannot be resized while they are bound (``_invariants.resize_guards``)."""
         if self._busy:
             _checks.busy()
-        _checks.check_bind_arrays((input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
-                                   cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots))
-        guards = _invariants.resize_guards((input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens,
-                                            prompt_lens, cu_seqlens, request_ids, draft_tokens, draft_lens,
-                                            device_token_slots))
-        self._bind_views(input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
-                         request_ids, draft_tokens, draft_lens, device_token_slots, guards)
+        # busy for the whole call: the checks read the arrays' attributes, which may run
+        # Python code that lets another thread in; its call (whose second pass may be
+        # writing the bound arrays without the GIL) must not see them swapped
+        self._busy = True
+        try:
+            _checks.check_bind_arrays((input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
+                                       cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots))
+            guards = _invariants.resize_guards((input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens,
+                                                prompt_lens, cu_seqlens, request_ids, draft_tokens, draft_lens,
+                                                device_token_slots))
+            retired = self._bind_views(input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens,
+                                       prompt_lens, cu_seqlens, request_ids, draft_tokens, draft_lens,
+                                       device_token_slots, guards)
+        finally:
+            self._busy = False
+        # (the arrays bound before are released on return, after the guard: code their
+        # release runs, a finalizer, may call this writer, which writes into the new ones)
 
-    cdef int _bind_views(self, int32_t[::1] input_ids, int32_t[::1] position_ids, int32_t[::1] gather_ids,
+    cdef object _bind_views(self, int32_t[::1] input_ids, int32_t[::1] position_ids, int32_t[::1] gather_ids,
                          int32_t[::1] seq_lens, int32_t[::1] num_cached_tokens, int32_t[::1] prompt_lens,
                          int32_t[::1] cu_seqlens, int64_t[::1] request_ids, int32_t[::1] draft_tokens,
-                         int32_t[::1] draft_lens, int32_t[::1] device_token_slots, tuple guards) except -1:
-        # the views and guards are owned before any pointer is kept; no Python code below
-        # (the arrays bound before are released on return, once no pointer is theirs)
+                         int32_t[::1] draft_lens, int32_t[::1] device_token_slots, tuple guards):
+        """Bind the views (owned, with their guards, before any pointer is kept; no Python
+        code runs here); returns the arrays bound before, for the caller to release once no
+        pointer is theirs."""
         retired = self._arrays
         self._arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
                         cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots, guards)
@@ -130,7 +141,7 @@ cdef class InputWriter:
         self._out.cap_drafts = self._cap_drafts
         self._out.cap_draft_requests = self._cap_draft_requests
         self._out.cap_device = self._cap_device
-        return 0
+        return retired
 
     # ------------------------------------------------------------------ scratch
     cdef int _grow(self, Py_ssize_t needed) except -1:

@@ -97,6 +97,7 @@ WIDE_PLACE[:] = [WIDE_REQUEST_IDS, -1, WIDE_POSITIONS, WIDE_SCHEDULED, WIDE_REPL
 
 @cython.final
 @cython.auto_pickle(False)  # a SchedulerOutput pickles its columns, never this
+@cython.no_gc  # holds numpy arrays, Storages and its list of them (no cycle): gc.get_referents hands out none
 cdef class ReportColumns:
     """The columns of one report, as slices of the arena's arrays, each made on its first
     read (a SchedulerOutput's column reads it here) and kept."""

@@ -53,7 +53,8 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     cdef Py_ssize_t _chunk_size
     cdef tuple _block_tables         # set only by set_block_tables (with _num_groups, _blocks0, _blocks1)
     cdef Py_ssize_t _context_position
-    cdef list _beams                 # Int32Buffer per beam
+    cdef tuple _beams                # Int32Buffer per beam (a tuple: gc.get_referents hands it out, and a list
+                                     # could then be changed under the loops that read it unchecked)
     cdef Py_ssize_t _orig_prompt_len
     cdef int64_t _max_new_tokens     # NO_LIMIT for None
     cdef object _state               # RequestState member
@@ -63,7 +64,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         # One empty beam until __init__ runs, so that even an object whose __init__ was
         # skipped (a subclass not calling super().__init__) is safe for the hot loops.
         self._beam0 = Int32Buffer()
-        self._beams = [self._beam0]
+        self._beams = (self._beam0,)
         self._beam_width = 1
         self._state = CONTEXT_INIT
         self._state_code = 0
@@ -87,6 +88,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         beams = []
         for _ in range(beam_width):  # (a loop: no list comprehension in the core, _core.pyx)
             beams.append(Int32Buffer(tokens))
+        beams = tuple(beams)
         tables = tuple(BlockTable() for _ in range(num_layer_groups))
         retired = retire_fields(self)  # no Python code from here to the return
         self._request_id = request_id
@@ -142,6 +144,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
             buffer = Int32Buffer(tokens)
             buffer.dirty_from = dirty_from
             beams.append(buffer)
+        beams = tuple(beams)
         drafts = Int32Buffer(state["draft_tokens"]) if len(state["draft_tokens"]) else NO_DRAFTS
         tables = tuple(_pickle.restore_block_table(BlockTable, *table) for table in state["block_tables"])
         self = cls.__new__(cls)
@@ -323,7 +326,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         """
         cdef Py_ssize_t beam
         cdef Int32Buffer buffer
-        cdef list beams = self._beams
+        cdef tuple beams = self._beams
         cdef int32_t single
         tokens = checked_per_beam(self, per_beam)
         if len(tokens) == 1:
@@ -342,6 +345,8 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
             for beam in range(len(checked)):
                 buffer = <Int32Buffer>beams[beam]
                 buffer.reserve(buffer.size, 1)
+        if self._beams is not beams:  # a reserve ran code that re-initialised the request
+            _invariants.changed_during("add_new_tokens")
         for beam in range(len(checked)):
             buffer = <Int32Buffer>beams[beam]
             buffer.append(<int32_t>checked[beam])
@@ -351,7 +356,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         """Replace everything after the prompt: beam b becomes prompt + ``per_beam[b]``."""
         cdef Int32Buffer buffer
         cdef Py_ssize_t beam, num_beams
-        cdef list beams = self._beams
+        cdef tuple beams = self._beams
         cdef const int32_t[::1] memory
         arrays = []
         for beam, tokens in enumerate(checked_per_beam(self, per_beam)):  # (a loop: no list comprehension in the core, _core.pyx)
@@ -377,6 +382,8 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         while not beams_have_room(beams, prompt_len, counts):
             for beam in range(num_beams):
                 (<Int32Buffer>beams[beam]).reserve(prompt_len, counts[beam])
+        if self._beams is not beams or self._prompt_len != prompt_len:  # a reserve ran code that changed them
+            _invariants.changed_during("set_generated_tokens")
         for beam in range(num_beams):
             buffer = <Int32Buffer>beams[beam]
             buffer.truncate(prompt_len)
@@ -551,7 +558,7 @@ cdef tuple retire_fields(Request request):
             request._blocks1, request._state)
 
 
-cdef bint beams_have_room(list beams, Py_ssize_t start, const Py_ssize_t* counts) noexcept:
+cdef bint beams_have_room(tuple beams, Py_ssize_t start, const Py_ssize_t* counts) noexcept:
     """Whether every beam of ``beams`` can take ``counts[b]`` entries from ``start`` (-1:
     one entry after its size) without allocating (Int32Buffer.has_room). Checked again
     after the reserves, which may run Python code that changes a beam, with none between
@@ -565,7 +572,7 @@ cdef bint beams_have_room(list beams, Py_ssize_t start, const Py_ssize_t* counts
     return True
 
 
-cdef inline int same_beams(Request request, list beams, str argument) except -1:
+cdef inline int same_beams(Request request, tuple beams, str argument) except -1:
     """RuntimeError unless ``request`` still has the beams it had before ``argument`` was
     converted (a conversion runs the caller's code, which may re-initialise the request)."""
     if request._beams is not beams:

@@ -177,11 +177,21 @@ def no_item_deletion(obj):
     raise TypeError(f"{type(obj).__name__} entries cannot be deleted: use truncate() or release_front()")
 
 
+def changed_during(call):
+    """Code that ran while ``call`` made room for its writes (a weakref callback as old
+    storage was dropped) re-initialised or paused the request: the same RuntimeError on
+    both backends, nothing written (writing would lose or misplace the tokens)."""
+    raise RuntimeError(f"the request was re-initialised or paused by code that ran during {call}: nothing was changed")
+
+
 def reinitialised_during(argument):
     """The request was re-initialised (``__init__`` again, or a restore) by code that ran
     while ``argument`` was converted: the same RuntimeError on both backends, nothing
     written."""
     raise RuntimeError(f"the request was re-initialised while {argument} was converted: nothing was changed")
+
+
+_real_base = np.ndarray.base.__get__
 
 
 def resize_guards(arrays):
@@ -196,7 +206,7 @@ def resize_guards(arrays):
     for array in arrays:
         while isinstance(array, np.ndarray):
             guards.append(weakref.ref(array))
-            array = array.base
+            array = _real_base(array)  # numpy's own: a subclass's base property may say anything
             if isinstance(array, memoryview):
                 array = array.obj
         if array is not None:

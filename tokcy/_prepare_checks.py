@@ -219,6 +219,13 @@ def metadata_replanned():
     raise RuntimeError("the attention metadata was re-bound or planned by another writer since plan(): plan again")
 
 
+def plain_array(array):
+    """``array`` (an ndarray, of a subclass maybe) as a plain ndarray over the same memory:
+    what it says of itself (len, shape, dtype, flags, ctypes) is then numpy's, which a
+    subclass's properties cannot change."""
+    return np.ndarray.view(array, np.ndarray)
+
+
 def check_bind_arrays(arrays):
     """``InputWriter.bind``'s arrays: numpy, 1-D, C-contiguous, writable; int32, and int64
     for the eighth (request_ids)."""
@@ -226,13 +233,18 @@ def check_bind_arrays(arrays):
         dtype = np.int64 if position == 7 else np.int32
         if not isinstance(array, np.ndarray):
             raise TypeError(f"bind() argument {position + 1} must be a numpy array, not {type(array).__name__}")
+        array = plain_array(array)
         if array.dtype != dtype or array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
             raise ValueError(f"bind() argument {position + 1} must be a writable contiguous 1-D {np.dtype(dtype)} array")
 
 
 def check_writable_array(name, array, dtype, ndim=1):
     """An attention-metadata array: an ``ndim``-D, C-contiguous, writable numpy array of ``dtype``."""
-    if not (isinstance(array, np.ndarray) and array.dtype == dtype and array.ndim == ndim
+    if not isinstance(array, np.ndarray):
+        array = None
+    else:
+        array = plain_array(array)
+    if not (array is not None and array.dtype == dtype and array.ndim == ndim
             and array.flags.c_contiguous and array.flags.writeable):
         raise ValueError(f"{name} must be a {ndim}-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
 
@@ -269,11 +281,19 @@ def check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mappi
         check_writable_array("kv_last_page_len", kv_last_page_len[group], np.int32)
         if block_table is not None:
             check_writable_array("block_table", block_table[group], np.int32, ndim=2)
-            if block_table[group].shape[1] != max_blocks_per_seq:
-                raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, "
-                                 f"got {block_table[group].shape[1]}")
+            columns = plain_array(block_table[group]).shape[1]
+            if columns != max_blocks_per_seq:
+                dense_columns(group, max_blocks_per_seq, columns)
             check_writable_array("kv_indices", kv_indices[group], np.int32)
     return max_blocks_per_seq
+
+
+def dense_columns(group, max_blocks_per_seq, columns):
+    raise ValueError(f"block_table[{group}] must have {max_blocks_per_seq} columns, got {columns}")
+
+
+def misaligned_delta_area():
+    raise ValueError("delta_area must be 8-byte aligned (the changed entries' indices are int64)")
 
 
 def check_device_table_arrays(table_slots, delta_area, gathers):
@@ -281,8 +301,9 @@ def check_device_table_arrays(table_slots, delta_area, gathers):
     counts and run starts, a tuple of arrays per group each), in one order for both backends."""
     check_writable_array("table_slots", table_slots, np.int32)
     check_writable_array("delta_area", delta_area, np.int32)
-    if len(delta_area) and delta_area.ctypes.data % 8:  # (an empty area is never written)
-        raise ValueError("delta_area must be 8-byte aligned (the changed entries' indices are int64)")
+    area = plain_array(delta_area)
+    if len(area) and area.ctypes.data % 8:  # (an empty area is never written)
+        misaligned_delta_area()
     for name, arrays, dtype in zip(("gather_blocks", "gather_live", "gather_base"), gathers,
                                    (np.int32, np.int64, np.int64)):
         for array in arrays:

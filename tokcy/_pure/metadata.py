@@ -105,10 +105,26 @@ class AttentionMetadata:
         """Write into these arrays (see the compiled twin's docstring)."""
         if self.busy:
             _checks.metadata_busy()
+        self.busy = True  # for the whole call, as the compiled twin (its checks may run Python code)
+        retired = dict(vars(self))  # what was bound is released after the guard, as the compiled twin
+        try:
+            self._bind(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
+                       block_table, kv_indices)
+        finally:
+            self.busy = False
+
+    def _bind(self, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
+              block_table, kv_indices):
         # every argument checked, in one order for both backends, before anything changes
         max_blocks_per_seq = _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping,
                                                            kv_indptr, kv_last_page_len, block_table, kv_indices)
         count = len(slot_mapping)
+        plain = _checks.plain_array  # written through plain views: their lengths are numpy's, whatever a subclass says
+        kv_lens, cu_kv_seqlens = plain(kv_lens), plain(cu_kv_seqlens)
+        slot_mapping, kv_indptr = [plain(a) for a in slot_mapping], [plain(a) for a in kv_indptr]
+        kv_last_page_len = [plain(a) for a in kv_last_page_len]
+        if block_table is not None:
+            block_table, kv_indices = [plain(a) for a in block_table], [plain(a) for a in kv_indices]
         self.release()
         self.has_device_table = False  # the device table is bound to the old arrays: bind it again
         self._device_guards = ()
@@ -133,6 +149,14 @@ class AttentionMetadata:
         """Keep the device block table whose rows ``rows`` describes (see the compiled twin)."""
         if self.busy:
             _checks.metadata_busy()
+        self.busy = True  # for the whole call, as bind()
+        retired = dict(vars(self))  # (as bind())
+        try:
+            self._bind_device_table(rows, table_slots, delta_area, gather_blocks, gather_live, gather_base)
+        finally:
+            self.busy = False
+
+    def _bind_device_table(self, rows, table_slots, delta_area, gather_blocks, gather_live, gather_base):
         if self._arrays is None:
             raise RuntimeError("bind() the metadata arrays first")
         if not isinstance(rows, DeviceTableRows):
@@ -146,6 +170,9 @@ class AttentionMetadata:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
         gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
         _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # as the compiled twin, in its order
+        plain = _checks.plain_array  # as bind()
+        table_slots, delta_area = plain(table_slots), plain(delta_area)
+        gathers = tuple(tuple(plain(array) for array in arrays) for arrays in gathers)
         self.release()
         self._device_guards = _invariants.resize_guards((table_slots, delta_area, *gathers[0], *gathers[1], *gathers[2]))
         self.rows = rows

@@ -81,18 +81,28 @@ class InputWriter:
         """Write into these contiguous arrays (int32, request_ids int64) from now on."""
         if self._busy:
             _checks.busy()
-        arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
-                  cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots)
-        _checks.check_bind_arrays(arrays)
-        self._guards = _invariants.resize_guards(arrays)  # as the compiled twin: none can be resized while bound
-        self._arrays = arrays
-        self._cap_tokens = min(len(input_ids), len(position_ids))
-        self._cap_gather = len(gather_ids)
-        self._cap_seqs = min(len(seq_lens), len(num_cached_tokens), len(prompt_lens), len(request_ids),
-                             len(cu_seqlens) - 1)
-        self._cap_drafts = len(draft_tokens)
-        self._cap_draft_requests = len(draft_lens)
-        self._cap_device = len(device_token_slots)
+        self._busy = True  # for the whole call, as the compiled twin (its checks may run Python code)
+        retired = dict(vars(self))  # what was bound is released after the guard, as the compiled twin
+        try:
+            arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
+                      cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots)
+            _checks.check_bind_arrays(arrays)
+            guards = _invariants.resize_guards(arrays)  # as the compiled twin: none can be resized while bound
+            # plain views of the same memory: their lengths are numpy's (a subclass's len() may lie)
+            arrays = tuple(_checks.plain_array(array) for array in arrays)
+            (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens, request_ids,
+             draft_tokens, draft_lens, device_token_slots) = arrays
+            self._guards = guards
+            self._arrays = arrays
+            self._cap_tokens = min(len(input_ids), len(position_ids))
+            self._cap_gather = len(gather_ids)
+            self._cap_seqs = min(len(seq_lens), len(num_cached_tokens), len(prompt_lens), len(request_ids),
+                                 len(cu_seqlens) - 1)
+            self._cap_drafts = len(draft_tokens)
+            self._cap_draft_requests = len(draft_lens)
+            self._cap_device = len(device_token_slots)
+        finally:
+            self._busy = False
 
     # ------------------------------------------------------------------ pass 1
     def plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,

@@ -447,6 +447,8 @@ class Request:
         rooms = [buffer.room(buffer.size, 1) for buffer in beams]
         values = np.array(checked, dtype=np.int32)
         tokens = [values[beam : beam + 1] for beam in range(len(beams))]
+        if self._beams is not beams:  # an allocation ran code that re-initialised the request
+            _invariants.changed_during("add_new_tokens")
         for buffer, token, room in zip(beams, tokens, rooms):
             buffer.put(buffer.size, token, room)
         return beams[0].size
@@ -461,6 +463,8 @@ class Request:
         prompt_len = self._prompt_len
         # every beam's room first: the writes allocate nothing, so a failure changes no beam
         rooms = [buffer.room(prompt_len, len(tokens)) for buffer, tokens in zip(beams, arrays)]
+        if self._beams is not beams or self._prompt_len != prompt_len:  # an allocation ran code that changed them
+            _invariants.changed_during("set_generated_tokens")
         for buffer, tokens, room in zip(beams, arrays, rooms):
             buffer.put(prompt_len, tokens, room)
 
