@@ -39,6 +39,9 @@ DIRECTIVES = {
     "initializedcheck": DEBUG,
     "cdivision": True,
     "embedsignature": True,
+    # no pickling Cython would write itself: an object that shows memory (ArraySource) must
+    # not be rebuilt from a pickle's fields; classes that pickle define __reduce__
+    "auto_pickle": False,
 }
 
 

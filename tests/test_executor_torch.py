@@ -88,6 +88,39 @@ def test_cpu_worked_example_device_rows(backend):
         preparer.prepare([], [], device_token_requests=[plain], previous_new_tokens=[1, 2])
 
 
+class ClaimsMoreRows(torch.Tensor):
+    """A tensor whose shape says it holds 1,048,576 rows, whatever it holds."""
+
+    @property
+    def shape(self):
+        return torch.Size([1 << 20])
+
+
+def test_previous_new_tokens_are_an_integer_tensor_and_a_refused_call_moves_no_ring_slot(backend):
+    """The previous step's tokens bound the device rows' slots, so they must be exactly a
+    tensor (a subclass's shape let slot 5 pass against 2 rows: index_select then failed
+    after the staging buffer was written and the ring had moved on) of int32 or int64 ids
+    (floats were cut to ints). A refused call leaves the ring where it was."""
+    plain = backend.Request(3, list(range(300, 307)))
+    plain.state = RequestState.GENERATION_IN_PROGRESS
+    plain.seq_slot = 5
+    preparer = InputPreparer(16, 4)
+    bad = {
+        "a subclass": (torch.tensor([1, 2]).as_subclass(ClaimsMoreRows), TypeError,
+                       "previous_new_tokens must be a torch.Tensor, not ClaimsMoreRows"),
+        "floats": (torch.tensor([0.0, 1, 2, 3, 4, 7.9]), TypeError,
+                   "previous_new_tokens must hold int32 or int64 token ids, got torch.float32"),
+        "too few rows": (torch.tensor([1, 2], dtype=torch.int64), ValueError, "seq_slot 5"),
+    }
+    for value, error, message in bad.values():
+        with pytest.raises(error, match=message):
+            preparer.prepare([], [], device_token_requests=[plain], previous_new_tokens=value)
+        assert preparer._next == 0
+    good = torch.arange(10, 16, dtype=torch.int64)
+    assert preparer.prepare([], [], device_token_requests=[plain], previous_new_tokens=good).input_ids.tolist() == [15]
+    assert preparer._next == 1
+
+
 def test_device_inputs_fields_are_read_only_views_made_once(backend):
     """A DeviceInputs field is a view of the persistent tensor made on its first read and
     kept (counted: the views made); counts come from the host, and metadata is None

@@ -165,6 +165,42 @@ def test_what_the_collector_hands_out_of_compiled_objects_cannot_change_what_the
     assert output.tokens.tolist() == [1, 2, 3] and output.request_ids.tolist() == [1]
 
 
+def test_pause_returns_every_block_id_it_drops_whatever_a_collection_adds_meanwhile(backend):
+    """pause lists each table's ids (allocations: a collection's callbacks may run), then
+    empties the tables. A callback that adds block 777 to a table already listed: pause is
+    refused (RuntimeError, the request as the callback left it), or 777 is among the ids it
+    returns; never dropped without being returned (the twin dropped it)."""
+    before, added = list(range(10)), list(range(10)) + [777]
+    outcomes = set()
+    for slack in range(-2, 40):
+        request = backend.Request(1, [1, 2, 3], num_layer_groups=3)
+        request.add_new_token(4)
+        for table in request.block_tables:
+            table.extend(range(10))
+        drained = [[] for _ in range(100)]  # lists held: the lists pause makes are new (no free list), counted
+        with at_next_collection(lambda: request.block_tables[0].append(777), slack) as state:
+            state["calling"] = True
+            try:
+                held = request.pause(100)
+            except RuntimeError as error:
+                assert str(error) == ("the request was changed (its prompt or a block table) by code that ran "
+                                      "during pause: nothing was changed")
+                assert state["ran"] == "inside"
+                assert [table.tolist() for table in request.block_tables] == [added, before, before]
+                assert request.prompt_len == 3  # not paused
+                outcomes.add("refused")
+                continue
+            finally:
+                state["calling"] = False
+        assert request.prompt_len == 4 and [len(table) for table in request.block_tables[1:]] == [0, 0]
+        # before the tables were listed, 777 is returned with them; once they were emptied
+        # (or after the call), the table holds it: each id returned or still held, once
+        assert (held[0], request.block_tables[0].tolist()) in ((added, []), (before, [777] if state["ran"] else []))
+        outcomes.add(state["ran"])
+        del drained
+    assert "refused" in outcomes, outcomes
+
+
 def test_a_grow_survives_python_code_that_grows_the_same_buffer(backend):
     """Beam 0 is full (16 of 16): appending makes new storage, and Python code run as the
     old storage goes replaces the generated tokens with 4,096 more. The append lands after
@@ -196,8 +232,10 @@ def test_a_compiled_write_that_makes_storage_starts_no_collection(backend):
 @pytest.mark.parametrize("how", ["tolist", "pause"])
 def test_block_table_reads_survive_a_collection_that_reinitialises_the_table(backend, how):
     """tolist() and pause() take the table's bounds, then allocate their result; a
-    collection started there empties the table. The result is the table as it was when
-    the call began (never memory past the storage that is left)."""
+    collection started there empties the table. tolist's result is the table as it was
+    when the call began (never memory past the storage that is left); pause is refused
+    (RuntimeError), the request as the collection left it, when the table changed after
+    it read it (its ids are the engine's to free: it may have freed them already)."""
     def attempt(slack):
         request = backend.Request(1, [1, 2, 3])
         table = request.block_tables[0]
@@ -205,7 +243,13 @@ def test_block_table_reads_survive_a_collection_that_reinitialises_the_table(bac
         spare = [[] for _ in range(200)]  # empties the interpreter's free list: the result list is allocated
         with at_next_collection(table.__init__, slack) as state:
             state["calling"] = True
-            result = table.tolist() if how == "tolist" else request.pause(10)[0]
+            try:
+                result = table.tolist() if how == "tolist" else request.pause(10)[0]
+            except RuntimeError as error:
+                assert how == "pause" and state["ran"] == "inside"
+                assert str(error).endswith("by code that ran during pause: nothing was changed")
+                assert (table.tolist(), request.prompt_len) == ([], 3)
+                return "refused"
         del spare
         if how == "tolist" or state["ran"] != "inside":
             assert result == ([] if state["ran"] == "outside" else list(range(5000))), (state["ran"], len(result))

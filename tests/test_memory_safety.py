@@ -594,3 +594,28 @@ def test_zeroed_array_takes_plain_number_dtypes_of_a_size_that_fits():
     for dtype in (np.int32, np.int64, np.bool_, np.float32):
         array = zeroed_array(3, dtype)
         assert array.dtype == dtype and array.tolist() == [0, 0, 0] and array.flags.writeable
+
+
+@pytest.mark.backend_free("the compiled core's ArraySource (the twin's views lead to numpy's own objects)")
+@pytest.mark.parametrize("copy_of", ["pickle", "copy", "state"])
+def test_what_a_view_leads_to_cannot_be_rebuilt_with_other_fields(copy_of):
+    """A token view's bases lead to the object that shows numpy the memory (the compiled
+    core's ArraySource). It cannot be pickled, copied or given a pickle's state: Cython's
+    own pickling of it rebuilt it from any fields given, a writable array of another dtype
+    eight times past the storage (a heap overflow) or of another object's memory."""
+    import copy
+
+    from tests.conftest import compiled_backend
+
+    request = compiled_backend().Request(1, list(range(16)))
+    view = request.get_tokens_view(0)
+    source = view.base
+    while isinstance(source, np.ndarray):
+        source = source.base
+    assert type(source).__name__ == "ArraySource"
+    if copy_of == "state":
+        assert not hasattr(source, "__setstate_cython__") and not hasattr(source, "__setstate__")
+    else:
+        with pytest.raises(TypeError):
+            (pickle.dumps if copy_of == "pickle" else copy.copy)(source)
+    assert np.asarray(source).tolist() == list(range(16)) and view.tolist() == list(range(16))

@@ -2,6 +2,8 @@
 # readable reference: every argument is validated before anything changes; error messages
 # come from tokcy._tokens so both backends say the same. BlockTable: _core_block_table.pxi.
 
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsLongLong
 from libc.stdint cimport INT16_MAX, int16_t
 
 from tokcy import _invariants
@@ -488,11 +490,17 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         cdef Int32Buffer buffer
         cdef Py_ssize_t new_prompt_len
         cdef BlockTable table
-        if max_input_len < self._prompt_len:
+        cdef tuple tables = self._block_tables
+        cdef Py_ssize_t prompt_len = self._prompt_len
+        if max_input_len < prompt_len:
             raise ValueError(f"max_input_len {max_input_len} is below prompt_len {self._prompt_len}")
         held = []  # first: the lists are all this allocates, so a failure changes nothing
-        for table in self._block_tables:  # (a loop: no list comprehension in the core, _core.pyx)
+        for table in tables:  # (a loop: no list comprehension in the core, _core.pyx)
             held.append(table._buffer.tolist(table._buffer.num_released, table._buffer.size))
+        # making them can run code (a collection's callbacks) that changed a table: the ids
+        # it added would be dropped below without being returned (refused instead)
+        if self._block_tables is not tables or self._prompt_len != prompt_len or not lists_hold_tables(held, tables):
+            _invariants.changed_during("pause", "changed (its prompt or a block table)")
         if self._beam_width == 1:
             new_prompt_len = min(max_input_len, self._beam0.size)
             if self._max_new_tokens != NO_LIMIT:
@@ -506,8 +514,10 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         self._chunk_size = self._prompt_len
         self._draft_tokens = NO_DRAFTS
         self._seq_slot = NO_SLOT
-        for table in self._block_tables:
-            table.truncate(0)
+        for table in tables:  # BlockTable.truncate(0), inline
+            buffer = table._buffer
+            buffer.truncate(0)
+            buffer.num_released = 0
         self._num_pauses += 1
         return held
 
@@ -556,6 +566,24 @@ cdef tuple retire_fields(Request request):
     state, so that happens when the caller drops this tuple, after its last write."""
     return (request._beams, request._beam0, request._draft_tokens, request._block_tables, request._blocks0,
             request._blocks1, request._state)
+
+
+cdef int lists_hold_tables(list held, tuple tables) except -1:
+    """1 if ``held[g]`` (the lists of ints Request.pause made, one per table) still lists
+    the live ids of ``tables[g]``, every one, else 0: read without allocating."""
+    cdef Py_ssize_t group, index, begin
+    cdef Int32Buffer buffer
+    cdef list listed
+    for group in range(len(tables)):
+        buffer = (<BlockTable>tables[group])._buffer
+        listed = <list>PyList_GET_ITEM(held, group)
+        begin = buffer.num_released
+        if PyList_GET_SIZE(listed) != buffer.size - begin:
+            return 0
+        for index in range(buffer.size - begin):
+            if PyLong_AsLongLong(<object>PyList_GET_ITEM(listed, index)) != buffer.data[begin + index]:
+                return 0
+    return 1
 
 
 cdef bint beams_have_room(tuple beams, Py_ssize_t start, const Py_ssize_t* counts) noexcept:

@@ -177,11 +177,12 @@ def no_item_deletion(obj):
     raise TypeError(f"{type(obj).__name__} entries cannot be deleted: use truncate() or release_front()")
 
 
-def changed_during(call):
-    """Code that ran while ``call`` made room for its writes (a weakref callback as old
-    storage was dropped) re-initialised or paused the request: the same RuntimeError on
-    both backends, nothing written (writing would lose or misplace the tokens)."""
-    raise RuntimeError(f"the request was re-initialised or paused by code that ran during {call}: nothing was changed")
+def changed_during(call, change="re-initialised or paused"):
+    """Code that ran while ``call`` made what it writes (a weakref callback as old storage
+    was dropped, a collection's callbacks) made ``change`` to the request: the same
+    RuntimeError on both backends, nothing written (writing would lose or misplace tokens
+    or block ids)."""
+    raise RuntimeError(f"the request was {change} by code that ran during {call}: nothing was changed")
 
 
 def reinitialised_during(argument):

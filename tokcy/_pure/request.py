@@ -583,7 +583,12 @@ class Request:
         if max_input_len < self._prompt_len:
             raise ValueError(f"max_input_len {max_input_len} is below prompt_len {self._prompt_len}")
         # every new value first: the writes below allocate nothing, so a failure changes nothing
-        held = [table.tolist()[table.num_released:] for table in self._block_tables]
+        block_tables, prompt_before = self._block_tables, self._prompt_len
+        # what each table is before its ids are listed, to see below whether code that ran
+        # meanwhile (a collection's callbacks) changed it: compared with no allocation
+        marks = iter([(table, table._buffer, table._buffer.storage, table._buffer.size, table._num_released,
+                       table._buffer.dirty_from, table._buffer.table_dirty_from) for table in block_tables])
+        held = [table._buffer.tolist(table._num_released, table._buffer.size) for table in block_tables]
         prompt_len, max_new_tokens = self._prompt_len, self._max_new_tokens
         if len(self._beams) == 1:
             prompt_len = min(max_input_len, self._beams[0].size)
@@ -592,7 +597,17 @@ class Request:
         drafts = np.empty(0, dtype=np.int32)
         state = RequestState.CONTEXT_INIT
         num_pauses = self._num_pauses + 1
-        beams, tables = iter(self._beams), iter(self._block_tables)  # (a loop makes its iterator: made here)
+        beams, tables = iter(self._beams), iter(block_tables)  # (a loop makes its iterator: made here)
+        # a table changed meanwhile: the ids added would be dropped below without being
+        # returned (refused instead, as the compiled twin, which compares every id)
+        changed = self._block_tables is not block_tables or self._prompt_len != prompt_before
+        for table, buffer, storage, size, released, mark, table_mark in marks:
+            if (table._buffer is not buffer or buffer.storage is not storage or buffer.size != size
+                    or table._num_released != released or buffer.dirty_from < mark
+                    or buffer.table_dirty_from < table_mark):
+                changed = True
+        if changed:
+            _invariants.changed_during("pause", "changed (its prompt or a block table)")
         self._prompt_len = prompt_len
         self._max_new_tokens = max_new_tokens
         for buffer in beams:

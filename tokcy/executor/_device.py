@@ -320,8 +320,12 @@ class InputPreparer:
                 if previous_new_tokens is None:
                     raise ValueError("device_token_requests need previous_new_tokens (the previous step's device tokens)")
                 previous = previous_new_tokens
-                if not isinstance(previous, torch.Tensor):
+                # exactly a tensor: its shape bounds the slots pass 1 accepts, and a subclass's
+                # shape (or __torch_function__) may say anything
+                if type(previous) is not torch.Tensor:
                     raise TypeError(f"previous_new_tokens must be a torch.Tensor, not {type(previous).__name__}")
+                if previous.dtype not in (torch.int32, torch.int64):
+                    raise TypeError(f"previous_new_tokens must hold int32 or int64 token ids, got {previous.dtype}")
                 if previous.ndim == 2:
                     previous = previous[:, 0]
                 elif previous.ndim != 1:
@@ -346,7 +350,6 @@ class InputPreparer:
                 count = counts[10]  # device-token rows
                 if count:
                     host = written_inputs(host[0], counts, results, self._block_sizes)
-                self._next = (slot + 1) % len(self._staging)
                 key = (counts[3], 0 if results is None else results[2])  # (tokens, changed table entries)
                 target, sources, deltas, copied = self._copies.get(key) or self._new_copy(key)
                 if self._host_copy:
@@ -377,6 +380,7 @@ class InputPreparer:
                 inputs._host = host
                 inputs._metadata = made_from
                 inputs._views = [None] * _NUM_ARRAYS
+                self._next = (slot + 1) % len(self._staging)  # the ring moves on once nothing can fail
             except BaseException:
                 if self._device_table is not None:  # the host consumed the tables' changes: resend them whole
                     self._device_table.rows().forget()
