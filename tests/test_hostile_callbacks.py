@@ -134,7 +134,8 @@ def test_a_request_paused_or_reinitialised_while_a_write_makes_room_is_left_as_t
 
     state = when_storage_retires(view, pause if call == "set_generated_tokens" else reinitialise)
     del view
-    with pytest.raises(RuntimeError, match=f"^the request was re-initialised or paused by code that ran during {call}: "
+    change = "re-initialised or paused" if call == "set_generated_tokens" else "re-initialised"
+    with pytest.raises(RuntimeError, match=f"^the request was {change} by code that ran during {call}: "
                                            "nothing was changed$"):
         if call == "set_generated_tokens":
             request.set_generated_tokens([[1, 2, 3]])
@@ -165,20 +166,32 @@ def test_what_the_collector_hands_out_of_compiled_objects_cannot_change_what_the
     assert output.tokens.tolist() == [1, 2, 3] and output.request_ids.tolist() == [1]
 
 
-def test_pause_returns_every_block_id_it_drops_whatever_a_collection_adds_meanwhile(backend):
+@pytest.mark.parametrize("change", ["append", "replace"])
+def test_pause_returns_every_block_id_it_drops_whatever_a_collection_changes_meanwhile(backend, change):
     """pause lists each table's ids (allocations: a collection's callbacks may run), then
-    empties the tables. A callback that adds block 777 to a table already listed: pause is
-    refused (RuntimeError, the request as the callback left it), or 777 is among the ids it
-    returns; never dropped without being returned (the twin dropped it)."""
-    before, added = list(range(10)), list(range(10)) + [777]
+    empties the tables. A callback that adds block 777 to table 0, or replaces its last
+    five ids by 50..54 (the same size): pause is refused (RuntimeError, the request as the
+    callback left it), or returns the ids as the callback left them; or the callback ran
+    once the tables were emptied, and the table holds what it wrote. Never an id dropped
+    without being returned (the twin dropped them, and its first fix missed a same-size
+    replacement)."""
+    before = list(range(10))
     outcomes = set()
     for slack in range(-2, 40):
         request = backend.Request(1, [1, 2, 3], num_layer_groups=3)
         request.add_new_token(4)
         for table in request.block_tables:
             table.extend(range(10))
+        written = []
+
+        def callback(table=request.block_tables[0], written=written):
+            ids = table.tolist()
+            table.clear()
+            table.extend(ids + [777] if change == "append" else ids[:5] + list(range(50, 50 + min(len(ids), 5))))
+            written.append(table.tolist())
+
         drained = [[] for _ in range(100)]  # lists held: the lists pause makes are new (no free list), counted
-        with at_next_collection(lambda: request.block_tables[0].append(777), slack) as state:
+        with at_next_collection(callback, slack) as state:
             state["calling"] = True
             try:
                 held = request.pause(100)
@@ -186,18 +199,20 @@ def test_pause_returns_every_block_id_it_drops_whatever_a_collection_adds_meanwh
                 assert str(error) == ("the request was changed (its prompt or a block table) by code that ran "
                                       "during pause: nothing was changed")
                 assert state["ran"] == "inside"
-                assert [table.tolist() for table in request.block_tables] == [added, before, before]
+                assert [table.tolist() for table in request.block_tables] == [written[0], before, before]
                 assert request.prompt_len == 3  # not paused
                 outcomes.add("refused")
                 continue
             finally:
                 state["calling"] = False
-        assert request.prompt_len == 4 and [len(table) for table in request.block_tables[1:]] == [0, 0]
-        # before the tables were listed, 777 is returned with them; once they were emptied
-        # (or after the call), the table holds it: each id returned or still held, once
-        assert (held[0], request.block_tables[0].tolist()) in ((added, []), (before, [777] if state["ran"] else []))
-        outcomes.add(state["ran"])
         del drained
+        assert request.prompt_len == 4 and [len(table) for table in request.block_tables[1:]] == [0, 0]
+        left = request.block_tables[0].tolist()
+        if not written:
+            assert (held[0], left) == (before, [])
+        else:  # listed after the callback, or the callback wrote into the emptied table
+            assert (held[0], left) in ((written[0], []), (before, written[0])), (slack, held[0], left)
+        outcomes.add(state["ran"])
     assert "refused" in outcomes, outcomes
 
 
@@ -498,6 +513,37 @@ def test_a_dense_table_and_a_delta_area_are_checked_by_what_numpy_says(backend):
                                          r"int64\)$"):
         metadata.bind_device_table(rows, np.zeros(8, np.int32), misaligned, *gathers)
     assert not metadata.has_device_table
+
+
+class LengthChanges(list):
+    """A list whose len() says 1 for its first ``lies`` calls, then the truth."""
+
+    def __init__(self, items, lies):
+        super().__init__(items)
+        self.lies = lies
+
+    def __len__(self):
+        self.lies -= 1
+        return 1 if self.lies >= 0 else super().__len__()
+
+
+@pytest.mark.parametrize("lies", range(6))
+def test_bind_counts_the_groups_it_binds_once(backend, lies):
+    """17 groups of metadata arrays in lists whose len() says 1 at first: bind counts the
+    tuples it keeps (17: refused, the arrays bound before kept), never a len() read before
+    its checks (the compiled core wrote 17 groups' pointers into arrays of 16)."""
+    metadata = backend.AttentionMetadata()
+    first = list(metadata_arrays(np.zeros(8, np.int32)).values())
+    metadata.bind(4, *first)
+    groups = [LengthChanges((np.zeros(n, dtype) for _ in range(17)), lies)
+              for n, dtype in ((64, np.int64), (9, np.int32), (8, np.int32))]
+    with pytest.raises(ValueError, match="^between 1 and 16 layer groups, got 17$"):
+        metadata.bind(4, np.zeros(8, np.int32), np.zeros(9, np.int32), *groups)
+    writer = backend.InputWriter()
+    writer.bind(*writer_arrays())
+    writer.set_metadata(metadata)
+    writer.prepare([], decode_requests(backend, 2), (), (), 0, None, 0, (16,))
+    assert first[0][:2].tolist() == [3, 3]  # still writing the arrays bound before
 
 
 class CallsBack(list):

@@ -109,13 +109,16 @@ cdef class AttentionMetadata:
         # whose second pass may be writing these outputs without the GIL must not see them swapped
         self.busy = True
         try:
+            # the groups' sequences as tuples first: what the checks count is what is bound
+            # (a sequence's len() may change between two calls)
+            slot_mapping, kv_indptr, kv_last_page_len = tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len)
+            block_table = None if block_table is None else tuple(block_table)
+            kv_indices = None if kv_indices is None else tuple(kv_indices)
             # the twin's checks, in its order
             width = _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr,
                                                   kv_last_page_len, block_table, kv_indices)
             count = len(slot_mapping)
-            arrays = (kv_lens, cu_kv_seqlens, tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len),
-                      None if block_table is None else tuple(block_table),
-                      None if kv_indices is None else tuple(kv_indices))
+            arrays = (kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len, block_table, kv_indices)
             # none of them can be resized while bound: the guards travel with them in _arrays
             arrays += (_invariants.resize_guards((kv_lens, cu_kv_seqlens) + arrays[2] + arrays[3] + arrays[4]
                                                  + (arrays[5] or ()) + (arrays[6] or ())),)
@@ -195,9 +198,9 @@ cdef class AttentionMetadata:
             if (<DeviceTableRows>rows).num_groups != count or (<DeviceTableRows>rows).width != self.width:
                 raise ValueError(f"the device table has {rows.num_groups} groups of {rows.width} columns, "
                                  f"the outputs {count} of {self.width}")
-            if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
+            gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))  # counted as bound (see bind())
+            if len(gathers[0]) != count or len(gathers[1]) != count or len(gathers[2]) != count:
                 raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
-            gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
             _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # the twin's checks and order
             guards = _invariants.resize_guards((table_slots, delta_area) + gathers[0] + gathers[1] + gathers[2])
             slots = int32_pointer(table_slots, &length)

@@ -348,7 +348,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
                 buffer = <Int32Buffer>beams[beam]
                 buffer.reserve(buffer.size, 1)
         if self._beams is not beams:  # a reserve ran code that re-initialised the request
-            _invariants.changed_during("add_new_tokens")
+            _invariants.changed_during("add_new_tokens", "re-initialised")
         for beam in range(len(checked)):
             buffer = <Int32Buffer>beams[beam]
             buffer.append(<int32_t>checked[beam])

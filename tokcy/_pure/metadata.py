@@ -112,10 +112,15 @@ class AttentionMetadata:
                        block_table, kv_indices)
         finally:
             self.busy = False
+        del retired  # released here, after the guard
 
     def _bind(self, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
               block_table, kv_indices):
+        # the groups' sequences as tuples first (what the checks count is what is bound), then
         # every argument checked, in one order for both backends, before anything changes
+        slot_mapping, kv_indptr, kv_last_page_len = tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len)
+        block_table = None if block_table is None else tuple(block_table)
+        kv_indices = None if kv_indices is None else tuple(kv_indices)
         max_blocks_per_seq = _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping,
                                                            kv_indptr, kv_last_page_len, block_table, kv_indices)
         count = len(slot_mapping)
@@ -155,6 +160,7 @@ class AttentionMetadata:
             self._bind_device_table(rows, table_slots, delta_area, gather_blocks, gather_live, gather_base)
         finally:
             self.busy = False
+        del retired  # released here, after the guard
 
     def _bind_device_table(self, rows, table_slots, delta_area, gather_blocks, gather_live, gather_base):
         if self._arrays is None:
@@ -166,9 +172,9 @@ class AttentionMetadata:
             raise ValueError(f"the device table has {rows.num_groups} groups of {rows.width} columns, "
                              f"the outputs {self.num_bound_groups} of {self.width}")
         count = self.num_bound_groups
-        if len(gather_blocks) != count or len(gather_live) != count or len(gather_base) != count:
+        gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))  # counted as bound (see bind())
+        if len(gathers[0]) != count or len(gathers[1]) != count or len(gathers[2]) != count:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
-        gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))
         _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # as the compiled twin, in its order
         plain = _checks.plain_array  # as bind()
         table_slots, delta_area = plain(table_slots), plain(delta_area)

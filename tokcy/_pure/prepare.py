@@ -103,6 +103,7 @@ class InputWriter:
             self._cap_device = len(device_token_slots)
         finally:
             self._busy = False
+        del retired  # released here, after the guard
 
     # ------------------------------------------------------------------ pass 1
     def plan(self, context_requests, generation_requests, first_draft_requests, device_token_requests,

@@ -448,7 +448,7 @@ class Request:
         values = np.array(checked, dtype=np.int32)
         tokens = [values[beam : beam + 1] for beam in range(len(beams))]
         if self._beams is not beams:  # an allocation ran code that re-initialised the request
-            _invariants.changed_during("add_new_tokens")
+            _invariants.changed_during("add_new_tokens", "re-initialised")
         for buffer, token, room in zip(beams, tokens, rooms):
             buffer.put(buffer.size, token, room)
         return beams[0].size
@@ -584,11 +584,8 @@ class Request:
             raise ValueError(f"max_input_len {max_input_len} is below prompt_len {self._prompt_len}")
         # every new value first: the writes below allocate nothing, so a failure changes nothing
         block_tables, prompt_before = self._block_tables, self._prompt_len
-        # what each table is before its ids are listed, to see below whether code that ran
-        # meanwhile (a collection's callbacks) changed it: compared with no allocation
-        marks = iter([(table, table._buffer, table._buffer.storage, table._buffer.size, table._num_released,
-                       table._buffer.dirty_from, table._buffer.table_dirty_from) for table in block_tables])
         held = [table._buffer.tolist(table._num_released, table._buffer.size) for table in block_tables]
+        listed = iter(list(zip(block_tables, held)))  # (for the check below, which allocates nothing tracked)
         prompt_len, max_new_tokens = self._prompt_len, self._max_new_tokens
         if len(self._beams) == 1:
             prompt_len = min(max_input_len, self._beams[0].size)
@@ -598,14 +595,21 @@ class Request:
         state = RequestState.CONTEXT_INIT
         num_pauses = self._num_pauses + 1
         beams, tables = iter(self._beams), iter(block_tables)  # (a loop makes its iterator: made here)
-        # a table changed meanwhile: the ids added would be dropped below without being
-        # returned (refused instead, as the compiled twin, which compares every id)
+        # code that ran meanwhile (a collection's callbacks, which only an allocation of a
+        # tracked object starts) may have changed a table: the ids it added would be dropped
+        # below without being returned. Every id is compared with its list, as the compiled
+        # twin does, making nothing tracked (numpy scalars, ints, ranges are not)
         changed = self._block_tables is not block_tables or self._prompt_len != prompt_before
-        for table, buffer, storage, size, released, mark, table_mark in marks:
-            if (table._buffer is not buffer or buffer.storage is not storage or buffer.size != size
-                    or table._num_released != released or buffer.dirty_from < mark
-                    or buffer.table_dirty_from < table_mark):
+        for table, ids in listed:
+            buffer, begin = table._buffer, table._num_released
+            storage = buffer.storage
+            if buffer.size - begin != len(ids):
                 changed = True
+                continue
+            for index in range(len(ids)):
+                if storage[begin + index] != ids[index]:
+                    changed = True
+                    break
         if changed:
             _invariants.changed_during("pause", "changed (its prompt or a block table)")
         self._prompt_len = prompt_len
