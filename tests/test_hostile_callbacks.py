@@ -532,16 +532,12 @@ def test_bind_counts_the_groups_it_binds_once(backend, lies):
     """17 groups of metadata arrays in lists whose len() says 1 at first: bind counts the
     tuples it keeps (17: refused, the arrays bound before kept), never a len() read before
     its checks (the compiled core wrote 17 groups' pointers into arrays of 16)."""
-    metadata = backend.AttentionMetadata()
     first = list(metadata_arrays(np.zeros(8, np.int32)).values())
-    metadata.bind(4, *first)
+    metadata, writer = writer_with_metadata(backend, first)
     groups = [LengthChanges((np.zeros(n, dtype) for _ in range(17)), lies)
               for n, dtype in ((64, np.int64), (9, np.int32), (8, np.int32))]
     with pytest.raises(ValueError, match="^between 1 and 16 layer groups, got 17$"):
         metadata.bind(4, np.zeros(8, np.int32), np.zeros(9, np.int32), *groups)
-    writer = backend.InputWriter()
-    writer.bind(*writer_arrays())
-    writer.set_metadata(metadata)
     writer.prepare([], decode_requests(backend, 2), (), (), 0, None, 0, (16,))
     assert first[0][:2].tolist() == [3, 3]  # still writing the arrays bound before
 
@@ -565,12 +561,8 @@ def test_a_call_from_code_that_bind_runs_is_refused(backend):
     swapped mid-call (it saw the old guard down and ran: a use-after-free under the
     sanitizer, with a thread whose call started in the gap)."""
     requests = decode_requests(backend, 4)
-    metadata = backend.AttentionMetadata()
     arrays = list(metadata_arrays(np.zeros(8, np.int32)).values())
-    metadata.bind(4, *arrays)
-    writer = backend.InputWriter()
-    writer.bind(*writer_arrays())
-    writer.set_metadata(metadata)
+    metadata, writer = writer_with_metadata(backend, arrays)
     refused = []
 
     def prepare():
@@ -667,6 +659,16 @@ def writer_arrays(num_tokens=64, batch=8):
                np.zeros(batch, np.int32), np.zeros(batch, np.int32)])
 
 
+def writer_with_metadata(backend, arrays):
+    """(an AttentionMetadata bound to ``arrays``, a writer bound to writer_arrays() writing it)."""
+    metadata = backend.AttentionMetadata()
+    metadata.bind(4, *arrays)
+    writer = backend.InputWriter()
+    writer.bind(*writer_arrays())
+    writer.set_metadata(metadata)
+    return metadata, writer
+
+
 def test_rebinding_a_writer_releases_the_old_arrays_only_once_the_new_ones_are_bound(backend):
     """Freeing the arrays bound before can run Python code (here a finalizer that prepares
     a step): it must find the writer writing into the new arrays, not into the freed ones."""
@@ -689,13 +691,9 @@ def test_rebinding_a_writer_releases_the_old_arrays_only_once_the_new_ones_are_b
 
 def test_rebinding_metadata_releases_the_old_arrays_only_once_the_new_ones_are_bound(backend):
     requests = decode_requests(backend, 4)
-    metadata = backend.AttentionMetadata()
     old = (np.zeros(8, np.int32), np.zeros(9, np.int32), (np.zeros(64, np.int64),), (np.zeros(9, np.int32),),
            (np.zeros(8, np.int32),))
-    metadata.bind(4, *old)
-    writer = backend.InputWriter()
-    writer.bind(*writer_arrays())
-    writer.set_metadata(metadata)
+    metadata, writer = writer_with_metadata(backend, old)
     seen = []
 
     def on_free():
