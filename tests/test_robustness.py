@@ -1,6 +1,7 @@
 """Misuse that must end in a clear exception, never in a crash or a changed object."""
 
 import copy
+import gc
 import pickle
 
 import numpy as np
@@ -174,3 +175,24 @@ def test_holders_and_managers_refuse_to_be_copied_used_or_not(backend, copy_of):
     inputs = prepare_inputs([], [request], out=plain)
     restored = pickle.loads(pickle.dumps(inputs))  # a result without metadata pickles as its arrays
     assert restored.input_ids.tolist() == [3] and restored.num_tokens == 1
+
+
+@pytest.mark.parametrize("copy_of", [pickle.dumps, copy.copy, copy.deepcopy], ids=["pickle", "copy", "deepcopy"])
+def test_private_writers_and_report_state_refuse_to_be_copied_on_both_backends(backend, copy_of):
+    """A writer, its metadata and device-table rows, a report's state, columns and row
+    columns: the compiled core's cannot be pickled or copied (a copy of a writer would be a
+    second writer of its arrays), and the twin's refuse the same way, naming the class (they
+    copied)."""
+    from tokcy.connector import SchedulerOutputManager
+
+    manager = SchedulerOutputManager()
+    request = backend.Request(1, [1, 2, 3])
+    output = manager.build_scheduler_output([request], [])
+    objects = [backend.InputWriter(), backend.AttentionMetadata(), backend.DeviceTableRows(2, 1, 2), manager._state,
+               output._source]
+    # a row's columns, where the collector hands them out (the twin's; the compiled ones it does not)
+    objects += [item for item in gc.get_referents(output.request_data(0)) if type(item) is backend.RowColumns]
+    for item in objects:
+        name = f"{type(item).__module__}.{type(item).__qualname__}"
+        with pytest.raises(TypeError, match=f"^cannot pickle '{name}' object$"):
+            copy_of(item)

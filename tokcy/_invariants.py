@@ -177,6 +177,14 @@ def no_item_deletion(obj):
     raise TypeError(f"{type(obj).__name__} entries cannot be deleted: use truncate() or release_front()")
 
 
+def refuse_pickling(obj):
+    """The ``__reduce__`` of the twin's private objects that the compiled core's refuse to
+    pickle or copy (a writer, its metadata, a report's state and columns): the same TypeError,
+    naming the class."""
+    cls = type(obj)
+    raise TypeError(f"cannot pickle '{cls.__module__}.{cls.__qualname__}' object")
+
+
 def changed_during(call, change="re-initialised or paused"):
     """Code that ran while ``call`` made what it writes (a weakref callback as old storage
     was dropped, a collection's callbacks) made ``change`` to the request: the same

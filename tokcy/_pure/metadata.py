@@ -61,6 +61,8 @@ class DeviceTableRows:
     ``width`` entries): the stamp of the table last sent into it, the entries sent and the
     leading entries sent as -1. Shared by the staging buffers of one ``InputPreparer``."""
 
+    __reduce__ = _invariants.refuse_pickling  # as the compiled twin (a copy would describe no device table)
+
     def __init__(self, max_slots, num_groups, width):
         rows = max_slots * num_groups
         if max_slots < 1 or num_groups < 1 or width < 1:
@@ -85,6 +87,8 @@ class DeviceTableRows:
 class AttentionMetadata:
     """Outputs and per-step state of the attention metadata; ``InputWriter.set_metadata``
     attaches one, ``prepare(..., block_sizes)`` fills it. ``tokcy.executor`` is the face."""
+
+    __reduce__ = _invariants.refuse_pickling  # as the compiled twin (a copy would be a second writer of its arrays)
 
     def __init__(self):
         self._arrays = None

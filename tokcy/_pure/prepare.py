@@ -46,6 +46,8 @@ class InputWriter:
     (= ``plan`` + ``write``) returns the counts. ``tokcy.executor`` is the public face.
     """
 
+    __reduce__ = _invariants.refuse_pickling  # as the compiled twin (a copy would be a second writer of its arrays)
+
     def __init__(self):
         self._arrays = None
         self._guards = ()

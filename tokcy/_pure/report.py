@@ -40,6 +40,7 @@ from itertools import chain
 
 import numpy as np
 
+from tokcy import _invariants
 from tokcy import _report_checks as checks
 from tokcy._pure.request import Request
 from tokcy._state import RequestState
@@ -73,6 +74,7 @@ class ReportState:
     """Per-request report state of one ``SchedulerOutputManager`` and its batch loop."""
 
     __slots__ = ("_busy", "_num_allocations", "_slots")
+    __reduce__ = _invariants.refuse_pickling  # as the compiled twin (the requests' marks are part of its state)
 
     def __init__(self):
         self._slots = {}  # request id -> _Slot
@@ -303,6 +305,8 @@ class ReportColumns:
     ``allocations``: the manager's count of the arrays made for its reports, a one-item
     list that making the arrays adds to. ``num_context``: the report's context rows (they
     come first)."""
+
+    __reduce__ = _invariants.refuse_pickling  # as the compiled twin (a SchedulerOutput pickles its columns)
 
     __slots__ = ("_parts", "_columns", "_num_context")
 

@@ -13,7 +13,7 @@ from itertools import compress
 
 import numpy as np
 
-from tokcy import _request_data
+from tokcy import _invariants, _request_data
 from tokcy._request_data import COLUMNS, MADE_BY_REPORT, OUTSIDE, READ_ONLY, _GivenColumns, column_copy
 
 
@@ -22,6 +22,8 @@ class RowColumns:
     private copies (``_request_data.column_copy``) of the columns of an output made by hand.
     A weak reference to the array under each of a manager's columns keeps numpy from
     resizing it (even with refcheck=False) while a row can read it."""
+
+    __reduce__ = _invariants.refuse_pickling  # as the compiled twin (rows pickle as their fields)
 
     __slots__ = (*COLUMNS, "_resize_guards")
 
