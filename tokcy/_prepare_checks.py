@@ -240,12 +240,9 @@ def check_bind_arrays(arrays):
 
 def check_writable_array(name, array, dtype, ndim=1):
     """An attention-metadata array: an ``ndim``-D, C-contiguous, writable numpy array of ``dtype``."""
-    if not isinstance(array, np.ndarray):
-        array = None
-    else:
-        array = plain_array(array)
-    if not (array is not None and array.dtype == dtype and array.ndim == ndim
-            and array.flags.c_contiguous and array.flags.writeable):
+    plain = plain_array(array) if isinstance(array, np.ndarray) else None
+    if plain is None or not (plain.dtype == dtype and plain.ndim == ndim and plain.flags.c_contiguous
+                             and plain.flags.writeable):
         raise ValueError(f"{name} must be a {ndim}-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
 
 
