@@ -7,6 +7,7 @@ regression shows as an AddressSanitizer report, not a wrong value.
 
 import gc
 import pickle
+import sys
 import weakref
 from array import array
 from contextlib import contextmanager
@@ -217,7 +218,11 @@ def test_pause_returns_every_block_id_it_drops_whatever_a_collection_changes_mea
         else:  # listed after the callback, or the callback wrote into the emptied table
             assert (held[0], left) in ((written[0], []), (before, written[0])), (slack, held[0], left)
         outcomes.add(state["ran"])
-    assert "refused" in outcomes, outcomes
+    if sys.version_info < (3, 12):
+        assert "refused" in outcomes, outcomes
+    else:  # a collection starts only where bytecode runs, not inside an allocation: inside the
+        # compiled pause, where it calls Python code, never between its listing and its check
+        assert outcomes & {"refused", "inside"}, outcomes
 
 
 def test_a_grow_survives_python_code_that_grows_the_same_buffer(backend):

@@ -94,29 +94,28 @@ cdef class InputWriter:
         # writing the bound arrays without the GIL) must not see them swapped
         self._busy = True
         try:
-            _checks.check_bind_arrays((input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
-                                       cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots))
-            guards = _invariants.resize_guards((input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens,
-                                                prompt_lens, cu_seqlens, request_ids, draft_tokens, draft_lens,
-                                                device_token_slots))
-            retired = self._bind_views(input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens,
-                                       prompt_lens, cu_seqlens, request_ids, draft_tokens, draft_lens,
-                                       device_token_slots, guards)
+            arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
+                      request_ids, draft_tokens, draft_lens, device_token_slots)
+            views = _checks.check_bind_arrays(arrays)  # plain views, written through (see _bind_views)
+            retired = self._bind_views(views, _invariants.resize_guards(arrays))
         finally:
             self._busy = False
         # (the arrays bound before are released on return, after the guard: code their
         # release runs, a finalizer, may call this writer, which writes into the new ones)
 
-    cdef object _bind_views(self, int32_t[::1] input_ids, int32_t[::1] position_ids, int32_t[::1] gather_ids,
-                         int32_t[::1] seq_lens, int32_t[::1] num_cached_tokens, int32_t[::1] prompt_lens,
-                         int32_t[::1] cu_seqlens, int64_t[::1] request_ids, int32_t[::1] draft_tokens,
-                         int32_t[::1] draft_lens, int32_t[::1] device_token_slots, tuple guards):
-        """Bind the views (owned, with their guards, before any pointer is kept; no Python
-        code runs here); returns the arrays bound before, for the caller to release once no
-        pointer is theirs."""
+    cdef object _bind_views(self, tuple views, tuple guards):
+        """Bind ``views``, plain ndarrays (``_prepare_checks.plain_array``): the buffers they
+        export are numpy's, over the arrays' own memory, which they keep alive (a subclass's
+        ``__buffer__`` is never asked). They are owned, with their guards, before any pointer
+        is kept, and no Python code runs here. Returns the arrays bound before, for the
+        caller to release once no pointer is theirs."""
+        cdef int32_t[::1] input_ids = views[0], position_ids = views[1], gather_ids = views[2]
+        cdef int32_t[::1] seq_lens = views[3], num_cached_tokens = views[4], prompt_lens = views[5]
+        cdef int32_t[::1] cu_seqlens = views[6], draft_tokens = views[8], draft_lens = views[9]
+        cdef int64_t[::1] request_ids = views[7]
+        cdef int32_t[::1] device_token_slots = views[10]
         retired = self._arrays
-        self._arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
-                        cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots, guards)
+        self._arrays = views + (guards,)
         self._out.input_ids = &input_ids[0] if input_ids.shape[0] else NULL
         self._out.position_ids = &position_ids[0] if position_ids.shape[0] else NULL
         self._out.gather_ids = &gather_ids[0] if gather_ids.shape[0] else NULL

@@ -222,13 +222,17 @@ def metadata_replanned():
 def plain_array(array):
     """``array`` (an ndarray, of a subclass maybe) as a plain ndarray over the same memory:
     what it says of itself (len, shape, dtype, flags, ctypes) is then numpy's, which a
-    subclass's properties cannot change."""
+    subclass's properties cannot change, and so is the buffer it exports (from Python 3.12
+    a subclass's ``__buffer__`` may export other, temporary memory: a pointer kept into
+    that would dangle once the export is released)."""
     return np.ndarray.view(array, np.ndarray)
 
 
 def check_bind_arrays(arrays):
     """``InputWriter.bind``'s arrays: numpy, 1-D, C-contiguous, writable; int32, and int64
-    for the eighth (request_ids)."""
+    for the eighth (request_ids). Returns their plain views (``plain_array``): what is
+    written through, as their buffers are numpy's own, whatever a subclass exports."""
+    views = []
     for position, array in enumerate(arrays):
         dtype = np.int64 if position == 7 else np.int32
         if not isinstance(array, np.ndarray):
@@ -236,6 +240,8 @@ def check_bind_arrays(arrays):
         array = plain_array(array)
         if array.dtype != dtype or array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
             raise ValueError(f"bind() argument {position + 1} must be a writable contiguous 1-D {np.dtype(dtype)} array")
+        views.append(array)
+    return tuple(views)
 
 
 def check_writable_array(name, array, dtype, ndim=1):

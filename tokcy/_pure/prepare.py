@@ -88,10 +88,10 @@ class InputWriter:
         try:
             arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
                       cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots)
-            _checks.check_bind_arrays(arrays)
-            guards = _invariants.resize_guards(arrays)  # as the compiled twin: none can be resized while bound
             # plain views of the same memory: their lengths are numpy's (a subclass's len() may lie)
-            arrays = tuple(_checks.plain_array(array) for array in arrays)
+            views = _checks.check_bind_arrays(arrays)
+            guards = _invariants.resize_guards(arrays)  # as the compiled twin: none can be resized while bound
+            arrays = views
             (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens, request_ids,
              draft_tokens, draft_lens, device_token_slots) = arrays
             self._guards = guards
