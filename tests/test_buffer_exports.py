@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 import pytest
+from test_hostile_callbacks import decode_requests
 
-from tokcy import RequestState
 from tokcy.executor import HostBuffers, prepare_inputs
 from tokcy.executor._host import ARRAY_FIELDS
 from tokcy.executor._metadata import MetadataBuffers
@@ -42,25 +42,19 @@ def _count_exports():
     yield
 
 
-def decode_requests(backend, count):
-    """``count`` decode requests: prompt [10 + i, 20 + i, 30 + i], block i in their table."""
-    requests = []
-    for index in range(count):
-        request = backend.Request(index, [10 + index, 20 + index, 30 + index])
-        request.state = RequestState.GENERATION_IN_PROGRESS
-        request.block_tables[0].extend([index])
-        requests.append(request)
-    return requests
-
-
 def exporting(array):
     return array.view(ExportsACopy)
 
 
+def plain_list(array):
+    """What ``array`` holds, read through numpy (not through its class's export)."""
+    return np.ndarray.view(array, np.ndarray).tolist()
+
+
 def test_host_buffers_and_metadata_write_into_the_callers_arrays_not_into_an_export(backend):
-    """Token inputs and metadata (dense and CSR tables too) of two decode requests, block
-    size 16: the values land in the caller's arrays (a worked example), and no buffer
-    export was asked of the caller's class."""
+    """Token inputs and metadata (dense and CSR tables too) of two decode requests (prompt
+    [10 + i, 20 + i, 30 + i], block i), block size 16: the values land in the caller's
+    arrays (a worked example), and no buffer export was asked of the caller's class."""
     arrays = {name: exporting(np.full(8 if name != "cu_seqlens" else 9, -1, np.int64 if name == "request_ids"
                                       else np.int32)) for name in ARRAY_FIELDS}
     metadata = MetadataBuffers.from_arrays(
@@ -70,20 +64,18 @@ def test_host_buffers_and_metadata_write_into_the_callers_arrays_not_into_an_exp
         block_table=(exporting(np.full((4, 2), -1, np.int32)),), kv_indices=(exporting(np.full(8, -1, np.int32)),))
     out = HostBuffers.from_arrays(metadata=metadata, **arrays)
     prepare_inputs([], decode_requests(backend, 2), out=out, block_size=16)
-    plain = {name: np.ndarray.view(array, np.ndarray) for name, array in arrays.items()}
-    assert plain["input_ids"][:2].tolist() == [30, 31]
-    assert plain["position_ids"][:2].tolist() == [2, 2]
-    assert plain["seq_lens"][:2].tolist() == [1, 1]  # tokens scheduled this step
-    assert plain["cu_seqlens"][:3].tolist() == [0, 1, 2]
-    assert plain["request_ids"][:2].tolist() == [0, 1]
-    view = lambda array: np.ndarray.view(array, np.ndarray).tolist()  # noqa: E731
-    assert view(metadata.kv_lens)[:2] == [3, 3]
-    assert view(metadata.cu_kv_seqlens)[:3] == [0, 3, 6]
-    assert view(metadata.slot_mapping[0])[:2] == [2, 18]  # block 0 and block 1, position 2
-    assert view(metadata.kv_indptr[0])[:3] == [0, 1, 2]
-    assert view(metadata.kv_last_page_len[0])[:2] == [3, 3]
-    assert view(metadata.block_table[0])[:2] == [[0, 0], [1, 0]]  # zero past each sequence's blocks
-    assert view(metadata.kv_indices[0])[:2] == [0, 1]
+    assert plain_list(arrays["input_ids"])[:2] == [30, 31]
+    assert plain_list(arrays["position_ids"])[:2] == [2, 2]
+    assert plain_list(arrays["seq_lens"])[:2] == [1, 1]  # tokens scheduled this step
+    assert plain_list(arrays["cu_seqlens"])[:3] == [0, 1, 2]
+    assert plain_list(arrays["request_ids"])[:2] == [0, 1]
+    assert plain_list(metadata.kv_lens)[:2] == [3, 3]
+    assert plain_list(metadata.cu_kv_seqlens)[:3] == [0, 3, 6]
+    assert plain_list(metadata.slot_mapping[0])[:2] == [2, 18]  # block 0 and block 1, position 2
+    assert plain_list(metadata.kv_indptr[0])[:3] == [0, 1, 2]
+    assert plain_list(metadata.kv_last_page_len[0])[:2] == [3, 3]
+    assert plain_list(metadata.block_table[0])[:2] == [[0, 0], [1, 0]]  # zero past each sequence's blocks
+    assert plain_list(metadata.kv_indices[0])[:2] == [0, 1]
     assert ExportsACopy.exports == 0
 
 
