@@ -12,7 +12,9 @@ sizes are chosen for, the objects are checked to start on a line.
 import os
 import sys
 import sysconfig
+import tracemalloc
 
+import numpy as np
 import pytest
 
 from tokcy.bench.backends import name_of
@@ -34,7 +36,33 @@ def test_objects_fill_whole_allocator_blocks_and_start_a_line(backend):
         pytest.skip("the layout is chosen for a 64-bit CPython with the GIL (another object header here)")
     sizes = {name: getattr(backend, name).__basicsize__ for name in ("Request", "Int32Buffer")}
     assert sizes == {"Request": 192 - GC_HEADER, "Int32Buffer": 128 - GC_HEADER}
+    # a buffer's Storage (not tracked: no collector's header) stays out of the buffers'
+    # 128-byte size class: sharing their pools would spread them over twice the pages
+    assert backend.Storage.__basicsize__ <= 112
     if pymalloc_in_use():
         objects = [backend.Request(number, [1, 2, 3]) for number in range(2_000)]
         objects += [backend.Int32Buffer() for _ in range(2_000)]
         assert sum(id(item) % LINE == 0 for item in objects) == len(objects)
+
+
+def test_large_token_buffers_end_on_many_cache_sets(backend):
+    """64 prompts of 65,536 tokens: the C allocator hands out each buffer page-aligned (a
+    mapping of its own), so their last tokens, the ones a decode step reads, would all lie
+    at one offset within a page, on the same few cache sets, evicting each other. The core
+    starts a large buffer a rotating number of lines in: the ends fall on at least 32
+    distinct lines of a page (one without it), and the offset costs at most a sixteenth of
+    the buffer (what tracemalloc counts)."""
+    if name_of(backend) == "python":
+        pytest.skip("the pure twin's buffers are numpy's allocations: no layout of its own to keep")
+    prompt = np.zeros(65_536, np.int32)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        requests = [backend.Request(index, prompt) for index in range(64)]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    ends = {(view.ctypes.data + view.nbytes - 4) % 4096 // LINE for view in map(backend.Request.get_tokens_view,
+                                                                                 requests)}
+    assert len(ends) >= 32, sorted(ends)
+    assert held <= 64 * (prompt.nbytes * 17 // 16 + 1024)

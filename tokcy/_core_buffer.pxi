@@ -12,6 +12,9 @@ from cpython.bytearray cimport PyByteArray_FromStringAndSize
 from cpython.pyport cimport PY_SSIZE_T_MAX
 
 cdef Py_ssize_t MIN_CAPACITY = 16
+# new_storage()'s cache coloring of large buffers: COLORS starting lines of LINE_BYTES
+cdef Py_ssize_t COLOR_MIN_BYTES = 16 * 1024, LINE_BYTES = 64, COLORS = 64
+cdef Py_ssize_t next_color = 0
 cdef object INT64_DTYPE = np.dtype(np.int64)  # the dtypes of the arrays the core shows its memory as
 cdef object INT32_DTYPE = np.dtype(np.int32)
 cdef object BOOL_DTYPE = np.dtype(np.bool_)
@@ -26,9 +29,14 @@ cdef class Storage:
     and exports nothing: unlike a memoryview, which the garbage collector's introspection
     hands out, it cannot be released from Python. numpy sees its bytes only through an
     ArraySource; the arrays shown over it do not own it, so neither their ``resize`` nor
-    their ``__setstate__`` can free it."""
+    their ``__setstate__`` can free it. It holds the bytes from ``data`` to the export's
+    end (storage_length()): all of them, or (new_storage()) those from a few lines in.
+    (One field more would make it 120 bytes: in the small-object allocator's pools of
+    the token buffers, 128 with their collector's header, spreading them over twice the
+    pages; tests/test_layout.py.)"""
     cdef object bytes_owner
     cdef Py_buffer export
+    cdef char* data
 
     def __dealloc__(self):
         if self.bytes_owner is not None:
@@ -51,8 +59,8 @@ cdef class ArraySource:
 
     @property
     def __array_interface__(self):
-        return {"shape": (self.storage.export.len // self.itemsize,), "typestr": self.typestr,
-                "data": (<uintptr_t>self.storage.export.buf, self.read_only), "version": 3}
+        return {"shape": (storage_length(self.storage) // self.itemsize,), "typestr": self.typestr,
+                "data": (<uintptr_t>self.storage.data, self.read_only), "version": 3}
 
 
 cdef Storage new_storage(Py_ssize_t capacity):
@@ -60,8 +68,26 @@ cdef Storage new_storage(Py_ssize_t capacity):
     are made through an ArraySource, read-only, so no numpy array that a caller can reach
     owns that memory (numpy's ``resize(refcheck=False)`` and ``__setstate__`` ignore
     exports) or can write it. No Python code runs here: neither object is tracked by the
-    garbage collector, so no collection starts."""
-    return new_byte_storage(capacity * sizeof(int32_t))
+    garbage collector, so no collection starts.
+
+    A large one starts ``color`` cache lines into its bytes, the next color for each:
+    the C allocator gives large blocks page-aligned (each its own mapping), so the ends of
+    many sequences of one length, where a decode step reads, would otherwise all fall on
+    the same few cache sets and evict each other (measured: a decode step over 256
+    requests of 131,072 tokens 16 % slower). At most COLORS - 1 lines more per buffer
+    of COLOR_MIN_BYTES or more (under 1 % of a 512 KiB buffer), counted by tracemalloc."""
+    global next_color
+    cdef Py_ssize_t num_bytes = capacity * sizeof(int32_t)
+    cdef Py_ssize_t offset
+    cdef Storage storage
+    if num_bytes < COLOR_MIN_BYTES:
+        return new_byte_storage(num_bytes)
+    # at most a sixteenth of the buffer: COLORS lines from 64 KiB on, fewer below
+    offset = (next_color % min(COLORS, num_bytes // (16 * LINE_BYTES))) * LINE_BYTES
+    next_color = (next_color + 1) % COLORS
+    storage = new_byte_storage(num_bytes + offset)
+    storage.data += offset
+    return storage
 
 
 cdef Storage new_byte_storage(Py_ssize_t num_bytes):
@@ -70,7 +96,13 @@ cdef Storage new_byte_storage(Py_ssize_t num_bytes):
     owner = PyByteArray_FromStringAndSize(NULL, num_bytes)
     PyObject_GetBuffer(owner, &storage.export, PyBUF_WRITABLE)
     storage.bytes_owner = owner
+    storage.data = <char*>storage.export.buf
     return storage
+
+
+cdef inline Py_ssize_t storage_length(Storage storage) noexcept:
+    """The bytes ``storage`` holds, from its ``data``."""
+    return storage.export.len - (storage.data - <char*>storage.export.buf)
 
 
 cdef object storage_array(Storage memory, object dtype, bint read_only=False):
@@ -104,12 +136,12 @@ def zeroed_array(Py_ssize_t count, dtype):
         raise OverflowError(f"{count} entries of {itemsize} bytes do not fit in memory")
     cdef Storage memory = new_byte_storage(count * itemsize)
     if count:
-        memset(memory.export.buf, 0, count * itemsize)
+        memset(memory.data, 0, count * itemsize)
     return storage_array(memory, dtype)
 
 
 cdef inline int32_t* storage_data(object storage) noexcept:
-    return <int32_t*>(<Storage>storage).export.buf
+    return <int32_t*>(<Storage>storage).data
 
 
 # every empty buffer's storage: nothing is ever written into its 0 entries (a write grows

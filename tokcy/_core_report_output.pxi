@@ -362,8 +362,8 @@ cdef void* reusable_data(PyObject* array, object dtype, Py_ssize_t itemsize, cha
 cdef inline void shows_own_memory(ArenaArray* slot, Storage memory, Py_ssize_t itemsize) noexcept:
     """Keep ``slot`` (reusable_data's finding) only if its array still shows ``memory``, all
     of it being there (a caller's ``__setstate__`` gives an array memory of its own)."""
-    if slot.data != NULL and (memory is None or slot.data != memory.export.buf
-                              or slot.capacity * itemsize > memory.export.len):
+    if slot.data != NULL and (memory is None or slot.data != memory.data
+                              or slot.capacity * itemsize > storage_length(memory)):
         slot.data = NULL
         slot.capacity = 0
 
@@ -377,7 +377,7 @@ cdef inline bint shows(object array, Storage memory, object dtype, Py_ssize_t it
         data = data_by_fields(<PyObject*>array, dtype, itemsize, &capacity)
     else:
         data = data_by_export(<PyObject*>array, itemsize, format_code, &capacity)
-    return data == memory.export.buf and capacity * itemsize == memory.export.len
+    return data == memory.data and capacity * itemsize == storage_length(memory)
 
 
 @cython.final
@@ -435,7 +435,7 @@ cdef class OutputArena:
         into it (what the copy writes is this memory, whichever array shows it)."""
         cdef Py_ssize_t count = grown_capacity(0, needed + needed // 4)
         cdef Storage memory = new_byte_storage(count * itemsize)
-        slot.data = memory.export.buf
+        slot.data = memory.data
         slot.capacity = count
         self.num_allocations += 1
         return memory

@@ -375,7 +375,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         cdef Storage places
         if num_beams > 8:  # (a beam search's few beams need no allocation)
             places = new_byte_storage(num_beams * (sizeof(Py_ssize_t) + sizeof(int32_t*)))
-            counts = <Py_ssize_t*>places.export.buf
+            counts = <Py_ssize_t*>places.data
             sources = <const int32_t**>(counts + num_beams)
         for beam in range(num_beams):
             memory = arrays[beam]

@@ -44,6 +44,29 @@ FLOOR_INTERNAL uint64_t next_random(void) {
     return rng_state;
 }
 
+/* as new_storage(): from 16 KiB, up to 64 colors of one 64-byte line, at most a sixteenth
+ * of the buffer; the block malloc gave is kept just before the memory handed out */
+static size_t next_color = 0;
+FLOOR_INTERNAL void *colored_malloc(size_t bytes) {
+    size_t offset = 0, colors = bytes / (16 * 64);
+    if (bytes >= 16 * 1024) {
+        offset = (next_color % (colors < 64 ? colors : 64)) * 64;
+        next_color = (next_color + 1) % 64;
+    }
+    char *block = malloc(bytes + offset + sizeof(void *));
+    if (!block) return NULL;
+    char *memory = block + sizeof(void *) + offset;
+    memcpy(memory - sizeof(void *), &block, sizeof(void *));
+    return memory;
+}
+
+FLOOR_INTERNAL void colored_free(void *memory) {
+    char *block;
+    if (!memory) return;
+    memcpy(&block, (char *)memory - sizeof(void *), sizeof(void *));
+    free(block);
+}
+
 static void free_requests(FloorRequest **requests, Py_ssize_t count, void **spacers);
 
 FLOOR_INTERNAL Py_ssize_t *shuffled_order(Py_ssize_t count) {
@@ -68,8 +91,8 @@ static FloorRequest **make_requests(Py_ssize_t count, int64_t capacity, int64_t 
         FloorRequest *request = calloc(1, sizeof(FloorRequest));
         if (!request) goto fail;
         requests[order[k]] = request;
-        request->tokens = malloc((size_t)capacity * sizeof(int32_t));
-        request->blocks = malloc((size_t)(block_capacity > 0 ? block_capacity : 1) * sizeof(int32_t));
+        request->tokens = colored_malloc((size_t)capacity * sizeof(int32_t));
+        request->blocks = colored_malloc((size_t)(block_capacity > 0 ? block_capacity : 1) * sizeof(int32_t));
         (*spacers)[k] = malloc(64 + (next_random() % 512));
         if (!request->tokens || !request->blocks || !(*spacers)[k]) goto fail;
         request->capacity = capacity;
@@ -89,8 +112,8 @@ static void free_requests(FloorRequest **requests, Py_ssize_t count, void **spac
     if (requests) {
         for (Py_ssize_t i = 0; i < count; i++) {
             if (requests[i]) {
-                free(requests[i]->tokens);
-                free(requests[i]->blocks);
+                colored_free(requests[i]->tokens);
+                colored_free(requests[i]->blocks);
                 free(requests[i]);
             }
         }

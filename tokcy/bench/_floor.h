@@ -19,6 +19,12 @@
 FLOOR_INTERNAL double now(void);                    /* CLOCK_MONOTONIC, seconds */
 FLOOR_INTERNAL uint64_t next_random(void);          /* xorshift: the batches' ids and allocation order */
 FLOOR_INTERNAL Py_ssize_t *shuffled_order(Py_ssize_t count);  /* a random permutation of 0..count-1, or NULL */
+/* A request's tokens or block ids: `bytes` from malloc, laid out as tokcy's own buffers (a
+ * large one starts a rotating number of cache lines in, new_storage() in _core_buffer.pxi),
+ * so the floor pays no cache-set conflicts that tokcy avoids; NULL out of memory. Freed
+ * with colored_free (NULL is fine). */
+FLOOR_INTERNAL void *colored_malloc(size_t bytes);
+FLOOR_INTERNAL void colored_free(void *memory);
 /* ValueError unless each size is >= 0 (a, b, c) and >= 1 (reps, rounds), and a, b, c and
  * a * b stay under 2**31 (what the loops index and allocate) */
 FLOOR_INTERNAL int check_sizes(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c, Py_ssize_t reps, Py_ssize_t rounds);

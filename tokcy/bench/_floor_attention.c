@@ -168,8 +168,8 @@ static void free_world(AttentionWorld *w, void **spacers) {
         for (Py_ssize_t i = 0; i < w->count; i++) {
             AttentionRequest *r = w->requests[i];
             if (!r) continue;
-            free(r->tokens);
-            for (int g = 0; g < MAX_GROUPS; g++) free(r->tables[g].ids);
+            colored_free(r->tokens);
+            for (int g = 0; g < MAX_GROUPS; g++) colored_free(r->tables[g].ids);
             free(r);
         }
     }
@@ -198,7 +198,7 @@ static int make_world(AttentionWorld *w, void ***spacers, int64_t seq_len) {
         AttentionRequest *r = calloc(1, sizeof(AttentionRequest));
         if (!r) goto fail;
         w->requests[i] = r;
-        r->tokens = malloc((size_t)seq_len * sizeof(int32_t));
+        r->tokens = colored_malloc((size_t)seq_len * sizeof(int32_t));
         (*spacers)[k] = malloc(64 + (next_random() % 512));
         if (!r->tokens || !(*spacers)[k]) goto fail;
         /* the scenario's prompt holds j % 50000 at position j; a decode step reads only the
@@ -212,7 +212,7 @@ static int make_world(AttentionWorld *w, void ***spacers, int64_t seq_len) {
         r->slot = (int32_t)(count - 1 - i);  /* the scenario's slots: the batch's order reversed */
         for (int g = 0; g < w->groups; g++) {
             FloorTable *t = &r->tables[g];
-            t->ids = malloc((size_t)w->width * sizeof(int32_t));
+            t->ids = colored_malloc((size_t)w->width * sizeof(int32_t));
             if (!t->ids) goto fail;
             /* the scenario's ids; as with the tokens, only those a step reads are written: the
              * current block's (the slot) and the last (the touch, the changed entry) */
