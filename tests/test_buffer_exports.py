@@ -1,28 +1,40 @@
-"""Output arrays of an ndarray subclass whose buffer export is its own: from Python 3.12
-(PEP 688) a class's ``__buffer__`` method is what the buffer protocol calls, so such an
-array may export other memory than its own, memory that lives only as long as the export.
-The writers keep pointers into their output arrays from one call to the next: they take
-them through plain views of the arrays (numpy's own export, over the arrays' memory), never
-through the caller's class. Before, the compiled writers asked the array itself: every
-write then went into a temporary copy freed at the end of ``bind`` (under the sanitizer
-build, a heap-use-after-free), and the caller's arrays stayed as they were.
+"""The memory behind the output arrays a writer is bound to (``HostBuffers.from_arrays``,
+``MetadataBuffers.from_arrays``, a device table's arrays): the writers keep pointers into
+it from one call to the next, so it must stay where it is, whatever caller code does.
 
-Python 3.11 ignores a Python-level ``__buffer__``: these tests run on 3.12 and later
-(.ci/run runs the suite on the newest CPython it finds, 3.12 or later, as well).
+- An ndarray subclass whose buffer export is its own: from Python 3.12 (PEP 688) a class's
+  ``__buffer__`` method is what the buffer protocol calls, so such an array may export
+  other memory, which lives only as long as the export. The writers take their pointers
+  through plain views of the arrays (numpy's own export), never through the caller's
+  class. Before, the compiled writers asked the array itself: every write then went into
+  a temporary copy freed at the end of ``bind`` (under the sanitizer build, a
+  heap-use-after-free), and the caller's arrays stayed as they were. Python 3.11 ignores a
+  Python-level ``__buffer__``: those tests run on 3.12 and later (.ci/run runs the suite
+  on the newest CPython it finds, 3.12 or later, as well).
+- An array over another object's buffer (``np.frombuffer`` of a bytearray): numpy holds
+  that export in a memoryview, its base, which a caller may ``release()``; the bytearray
+  could then be resized under the writer. The writers hold a memoryview of their own over
+  the same export (the compiled core, an export of it in C as well).
+- The plain views a compiled writer writes through are reachable through the collector;
+  a caller's ``__setstate__`` on one drops its base. The writers hold the caller's arrays
+  themselves too.
 """
 
+import gc
 import sys
+import weakref
 
 import numpy as np
 import pytest
 from test_hostile_callbacks import decode_requests
 
+from tokcy.bench.backends import name_of
 from tokcy.executor import HostBuffers, prepare_inputs
 from tokcy.executor._host import ARRAY_FIELDS
 from tokcy.executor._metadata import MetadataBuffers
 
-pytestmark = pytest.mark.skipif(sys.version_info < (3, 12),
-                                reason="a Python class's __buffer__ is the buffer protocol from Python 3.12 (PEP 688)")
+needs_pep_688 = pytest.mark.skipif(sys.version_info < (3, 12),
+                                   reason="a Python class's __buffer__ is the buffer protocol from Python 3.12 (PEP 688)")
 
 
 class ExportsACopy(np.ndarray):
@@ -51,6 +63,7 @@ def plain_list(array):
     return np.ndarray.view(array, np.ndarray).tolist()
 
 
+@needs_pep_688
 def test_host_buffers_and_metadata_write_into_the_callers_arrays_not_into_an_export(backend):
     """Token inputs and metadata (dense and CSR tables too) of two decode requests (prompt
     [10 + i, 20 + i, 30 + i], block i), block size 16: the values land in the caller's
@@ -79,6 +92,7 @@ def test_host_buffers_and_metadata_write_into_the_callers_arrays_not_into_an_exp
     assert ExportsACopy.exports == 0
 
 
+@needs_pep_688
 def test_a_device_table_binds_its_arrays_through_numpy_not_the_callers_class(backend):
     """``bind_device_table``'s arrays are kept as pointers too: none is taken through an
     export asked of the caller's class."""
@@ -92,3 +106,98 @@ def test_a_device_table_binds_its_arrays_through_numpy_not_the_callers_class(bac
                                (exporting(np.zeros(8, np.int64)),))
     assert metadata.has_device_table
     assert ExportsACopy.exports == 0
+
+
+def arrays_over_bytearrays(count):
+    """HostBuffers' arrays of ``count`` rows, each over a bytearray of its own
+    (``np.frombuffer``: the base is numpy's memoryview of it); and the bytearrays."""
+    owners, arrays = {}, {}
+    for name in ARRAY_FIELDS:
+        dtype = np.dtype(np.int64 if name == "request_ids" else np.int32)
+        owners[name] = bytearray((count + (name == "cu_seqlens")) * dtype.itemsize)
+        arrays[name] = np.frombuffer(owners[name], dtype)
+    return arrays, owners
+
+
+def reachable_from(root, kind):
+    """Every ``kind`` object the collector's introspection leads to from ``root`` (through
+    tuples, lists and dicts): what caller code can find and change."""
+    found, seen, todo = [], set(), [root]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, kind):
+            found.append(item)
+        if item is root or isinstance(item, (tuple, list, dict)):
+            todo.extend(gc.get_referents(item))
+    return found
+
+
+def test_a_released_memoryview_behind_a_bound_array_leaves_its_memory_in_place(backend):
+    """Outputs over bytearrays, bound by a first call; the caller releases numpy's
+    memoryviews: the bytearrays still refuse to be resized (the writer holds an export of
+    their memory), and the next call writes into them."""
+    arrays, owners = arrays_over_bytearrays(8)
+    owners["kv_lens"] = bytearray(4 * 8)
+    kv_lens = np.frombuffer(owners["kv_lens"], np.int32)
+    metadata = MetadataBuffers.from_arrays(
+        max_blocks_per_seq=2, kv_lens=kv_lens, cu_kv_seqlens=np.zeros(9, np.int32),
+        slot_mapping=(np.zeros(8, np.int64),), kv_indptr=(np.zeros(9, np.int32),), kv_last_page_len=(np.zeros(8, np.int32),))
+    out = HostBuffers.from_arrays(metadata=metadata, **arrays)
+    prepare_inputs([], decode_requests(backend, 2), out=out, block_size=16)
+    for array in [*arrays.values(), kv_lens]:
+        array.base.release()
+    for owner in owners.values():
+        with pytest.raises(BufferError):
+            owner.clear()
+    prepare_inputs([], decode_requests(backend, 3), out=out, block_size=16)
+    assert np.frombuffer(owners["input_ids"], np.int32)[:3].tolist() == [30, 31, 32]
+    assert np.frombuffer(owners["kv_lens"], np.int32)[:3].tolist() == [3, 3, 3]
+
+
+def test_an_array_over_a_memoryview_released_before_binding_is_refused(backend):
+    arrays, _ = arrays_over_bytearrays(8)
+    arrays["seq_lens"].base.release()
+    with pytest.raises(ValueError, match="^an array's memory comes from a memoryview that was released"):
+        prepare_inputs([], decode_requests(backend, 2), out=HostBuffers.from_arrays(**arrays))
+
+
+def test_no_memoryview_the_collector_leads_to_from_a_writer_can_be_released(backend):
+    """The same outputs; caller code releases every memoryview it can reach from the
+    writer through the collector, then numpy's own: the bytearrays still refuse to be
+    resized. (The compiled writers hold an export of their own memoryviews in C.)"""
+    if name_of(backend) == "python":
+        pytest.xfail("the twin's hold on the export is a memoryview, which anyone who reaches it can release: "
+                     "pure Python has no export that nothing can release (docs/invariants.md)")
+    arrays, owners = arrays_over_bytearrays(8)
+    out = HostBuffers.from_arrays(**arrays)
+    prepare_inputs([], decode_requests(backend, 2), out=out)
+    reachable = reachable_from(out.writer(backend), memoryview)
+    assert reachable  # the writer's own, among its guards
+    for view in reachable:
+        with pytest.raises(BufferError):
+            view.release()
+    for array in arrays.values():
+        array.base.release()
+    for owner in owners.values():
+        with pytest.raises(BufferError):
+            owner.clear()
+
+
+def test_a_writer_keeps_the_callers_arrays_whatever_is_done_to_its_views(backend):
+    """The writer's arrays, reached through the collector, each given memory of its own
+    by ``__setstate__`` (dropping its base), the holder dropped: the caller's arrays (and
+    the memory the writer writes) stay alive as long as the writer."""
+    arrays = {name: np.zeros(8 + (name == "cu_seqlens"), np.int64 if name == "request_ids" else np.int32)
+              for name in ARRAY_FIELDS}
+    alive = [weakref.ref(array) for array in arrays.values()]
+    out = HostBuffers.from_arrays(**arrays)
+    writer = out.writer(backend)
+    del out, arrays
+    for view in reachable_from(writer, np.ndarray):
+        if view.base is not None:
+            view.__setstate__(np.zeros(1, view.dtype).__reduce__()[2])
+    gc.collect()
+    assert all(ref() is not None for ref in alive)

@@ -888,3 +888,32 @@ def test_two_first_calls_on_a_holder_share_one_writer_and_one_metadata(backend):
     decode.block_tables[0].extend([5, 6, 7])
     inputs = prepare_inputs([], [decode], block_size=4, out=holder)
     assert (inputs.max_kv_len, inputs.kv_indices.tolist(), inputs.slot_mapping.tolist()) == (9, [5, 6, 7], [28])
+
+
+class SaysItFits(np.ndarray):
+    """An array that says its values lie in 0..1 (min, max) and that it holds int64."""
+
+    def min(self, *args, **kwargs):
+        return 0
+
+    def max(self, *args, **kwargs):
+        return 1
+
+    @property
+    def dtype(self):
+        return np.dtype(np.int64)
+
+
+def test_token_and_block_ids_are_checked_by_what_numpy_says_not_by_a_subclass(backend):
+    """Ids past int32 and floats, in arrays that say they are small ints: refused as in a
+    plain array (they were wrapped and truncated into the buffers)."""
+    with pytest.raises(OverflowError, match=r"^prompt: token id 4294967301 does not fit in int32$"):
+        backend.Request(1, np.array([2**32 + 5, 7]).view(SaysItFits))
+    with pytest.raises(OverflowError, match=r"^block_ids: token id 4294967303 does not fit in int32$"):
+        backend.BlockTable(np.array([2**32 + 7]).view(SaysItFits))
+    with pytest.raises(TypeError, match=r"^prompt must hold integers, got an array of dtype float64$"):
+        backend.Request(1, np.array([1.9, 2.7]).view(SaysItFits))
+    request = backend.Request(1, [1, 2, 3])
+    with pytest.raises(OverflowError, match=r"^per_beam\[0\]: token id -1099511627776 does not fit in int32$"):
+        request.add_new_tokens(np.array([-(2**40)]).view(SaysItFits))
+    assert request.get_tokens(0) == [1, 2, 3]

@@ -5,7 +5,7 @@
 # and table_dirty_from with table_stamp (the device block table's); see
 # docs/change-tracking.md.
 
-from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_FULL_RO, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
@@ -41,6 +41,35 @@ cdef class Storage:
     def __dealloc__(self):
         if self.bytes_owner is not None:
             PyBuffer_Release(&self.export)
+
+
+@cython.final
+@cython.no_gc  # holds one export of a memoryview, and hands it to no one
+cdef class ExportPin:
+    """A buffer export of a memoryview (one that ``_invariants.resize_guards`` made over the
+    export behind a bound array), held in C for as long as this lives: the memoryview then
+    refuses ``release()``, even from code that reaches it through the collector, so the
+    memory it shows stays where the writer's pointers are. No method, nothing exported."""
+    cdef Py_buffer export
+    cdef bint held
+
+    def __dealloc__(self):
+        if self.held:
+            PyBuffer_Release(&self.export)
+
+
+cdef tuple pinned(tuple guards):
+    """``guards`` (``_invariants.resize_guards``) and an ExportPin of each memoryview among
+    them: what a compiled writer keeps while it keeps pointers into the arrays."""
+    cdef ExportPin pin
+    pins = []
+    for guard in guards:
+        if type(guard) is memoryview:
+            pin = ExportPin.__new__(ExportPin)
+            PyObject_GetBuffer(guard, &pin.export, PyBUF_FULL_RO)
+            pin.held = True
+            pins.append(pin)
+    return guards + tuple(pins)
 
 
 @cython.final

@@ -120,8 +120,8 @@ cdef class AttentionMetadata:
             count = len(slot_mapping)
             arrays = (kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len, block_table, kv_indices)
             # none of them can be resized while bound: the guards travel with them in _arrays
-            arrays += (_invariants.resize_guards((kv_lens, cu_kv_seqlens) + arrays[2] + arrays[3] + arrays[4]
-                                                 + (arrays[5] or ()) + (arrays[6] or ())),)
+            arrays += (pinned(_invariants.resize_guards((kv_lens, cu_kv_seqlens) + arrays[2] + arrays[3] + arrays[4]
+                                                        + (arrays[5] or ()) + (arrays[6] or ()))),)
             # every pointer taken (each array checked) before anything changes: a bad array
             # leaves the writer bound to its old arrays, which it still owns
             # through plain views (_prepare_checks.plain_array): their buffers are numpy's, over
@@ -205,7 +205,7 @@ cdef class AttentionMetadata:
             if len(gathers[0]) != count or len(gathers[1]) != count or len(gathers[2]) != count:
                 raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
             _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # the twin's checks and order
-            guards = _invariants.resize_guards((table_slots, delta_area) + gathers[0] + gathers[1] + gathers[2])
+            guards = pinned(_invariants.resize_guards((table_slots, delta_area) + gathers[0] + gathers[1] + gathers[2]))
             plain = _checks.plain_array  # pointers through plain views, as bind()
             slots = int32_pointer(plain(table_slots), &length)
             cap_seqs = min(self.cap_seqs, length)

@@ -97,7 +97,7 @@ cdef class InputWriter:
             arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
                       request_ids, draft_tokens, draft_lens, device_token_slots)
             views = _checks.check_bind_arrays(arrays)  # plain views, written through (see _bind_views)
-            retired = self._bind_views(views, _invariants.resize_guards(arrays))
+            retired = self._bind_views(views, pinned(_invariants.resize_guards(arrays)))
         finally:
             self._busy = False
         # (the arrays bound before are released on return, after the guard: code their

@@ -204,19 +204,36 @@ _real_base = np.ndarray.base.__get__
 
 
 def resize_guards(arrays):
-    """Weak references to each numpy array in ``arrays`` (None entries skipped) and to every
-    numpy array its memory comes from (its bases): numpy refuses to resize an array that
-    has a weak reference, even with ``refcheck=False``, which otherwise frees the memory
-    under a writer's pointers whatever buffer exports are alive. And a strong reference to
-    what owns that memory when it is no numpy array (the compiled core's memory, behind
-    the holders' own arrays), which then outlives any ``__setstate__`` of the arrays. Kept
-    by the writer as long as it keeps the pointers."""
+    """What keeps the memory of ``arrays`` (numpy arrays; None entries skipped) where it is
+    while a writer keeps pointers into it:
+
+    - each array itself (a writer may write through plain views of it, whose ``base`` a
+      caller's ``__setstate__`` on such a view would drop);
+    - a weak reference to each array and to every numpy array its memory comes from (its
+      bases): numpy refuses to resize an array that has a weak reference, even with
+      ``refcheck=False``, which otherwise frees the memory whatever exports are alive;
+    - for a base that is a memoryview (``np.frombuffer`` of a bytearray, say), a memoryview
+      of our own over the same export: it outlives a caller's ``release()`` of numpy's, so
+      the exporter keeps the memory and refuses to resize it (ValueError here if that
+      export was already released). The compiled core also holds a buffer export of that
+      memoryview in C (``pinned()``), so that not even code that reaches it, through the
+      collector's introspection, can release it;
+    - what owns that memory when it is no numpy array (a bytearray, or the compiled core's
+      memory behind the holders' own arrays), which then outlives any ``__setstate__`` of
+      the arrays."""
     guards = []
     for array in arrays:
+        if isinstance(array, np.ndarray):
+            guards.append(array)
         while isinstance(array, np.ndarray):
             guards.append(weakref.ref(array))
             array = _real_base(array)  # numpy's own: a subclass's base property may say anything
             if isinstance(array, memoryview):
+                try:
+                    guards.append(memoryview(array))
+                except ValueError:
+                    raise ValueError("an array's memory comes from a memoryview that was released: numpy no "
+                                     "longer holds it, and nothing keeps it where it is") from None
                 array = array.obj
         if array is not None:
             guards.append(array)

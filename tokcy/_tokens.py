@@ -86,7 +86,9 @@ def as_int32_array(values, name):
     if isinstance(values, (list, tuple)):
         values = tuple(values)  # owned: what is checked below is what is converted
     if isinstance(values, np.ndarray):
-        array = values
+        # a plain view: the checks below read numpy's own ndim, dtype, min and max (a
+        # subclass's may say anything, and the conversion would then wrap or truncate)
+        array = np.ndarray.view(values, np.ndarray)
     elif len(values) == 0:
         return np.empty(0, dtype=np.int32)
     else:
