@@ -909,7 +909,7 @@ def test_token_and_block_ids_are_checked_by_what_numpy_says_not_by_a_subclass(ba
     plain array (they were wrapped and truncated into the buffers)."""
     with pytest.raises(OverflowError, match=r"^prompt: token id 4294967301 does not fit in int32$"):
         backend.Request(1, np.array([2**32 + 5, 7]).view(SaysItFits))
-    with pytest.raises(OverflowError, match=r"^block_ids: token id 4294967303 does not fit in int32$"):
+    with pytest.raises(OverflowError, match=r"^block_ids: block id 4294967303 does not fit in int32$"):
         backend.BlockTable(np.array([2**32 + 7]).view(SaysItFits))
     with pytest.raises(TypeError, match=r"^prompt must hold integers, got an array of dtype float64$"):
         backend.Request(1, np.array([1.9, 2.7]).view(SaysItFits))

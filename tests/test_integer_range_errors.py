@@ -55,8 +55,8 @@ def test_constructor_names_the_field(backend, arguments, keywords, message):
         (lambda r: setattr(r, "seq_slot", -INT64_MAX - 2), "seq_slot -9223372036854775809 does not fit in int64"),
         (lambda r: r.add_new_token(HUGE), f"token: token id {HUGE_TEXT} does not fit in int32"),
         (lambda r: r.block_tables[0].append(-HUGE),
-         r"block_id: token id \(a negative integer of 16,610 bits\) does not fit in int32"),
-        (lambda r: r.block_tables[0].extend([9, HUGE]), rf"block_ids\[1\]: token id {HUGE_TEXT} does not fit in int32"),
+         r"block_id: block id \(a negative integer of 16,610 bits\) does not fit in int32"),
+        (lambda r: r.block_tables[0].extend([9, HUGE]), rf"block_ids\[1\]: block id {HUGE_TEXT} does not fit in int32"),
     ],
     ids=["seq_slot-huge", "seq_slot-past-min", "token", "block-id", "block-ids"],
 )

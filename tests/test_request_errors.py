@@ -499,3 +499,22 @@ def test_block_table_not_hashable(backend):
 def test_a_constructor_argument_that_is_no_integer_is_named(backend, kwargs, message):
     with pytest.raises(TypeError, match=f"^{message}$"):
         backend.Request(**{"request_id": 1, "prompt": [1, 2], **kwargs})
+
+
+@pytest.mark.parametrize(
+    "call, exc, message",
+    [
+        (lambda t: t.append(1.5), TypeError, "block_id must be an integer block id, not float"),
+        (lambda t: t.extend("abc"), TypeError, "block_ids must be a sequence of integer block ids, not str"),
+        (lambda t: t.extend([4, None]), TypeError, "block_ids[1] must be an integer block id, not NoneType"),
+        (lambda t: t.__setitem__(0, 2**31), OverflowError, "block_id: block id 2147483648 does not fit in int32"),
+    ],
+    ids=["append float", "extend str", "extend None", "set past int32"],
+)
+def test_block_id_errors_say_block_id(backend, call, exc, message):
+    """A block table's bad ids are named block ids, not token ids, on both backends."""
+    t = backend.BlockTable([1, 2])
+    with pytest.raises(exc) as info:
+        call(t)
+    assert str(info.value) == message
+    assert t.tolist() == [1, 2]

@@ -1,8 +1,9 @@
 # BlockTable (compiled core) and the conversions of Python values to token and block ids
 # that it and Request share. Same behaviour and errors as tokcy/_pure/request.py.
 
-cdef inline int32_t token_arg(object value, str name) except? -1:
-    """An int32 token id from a Python object; the shared Python check on the slow path."""
+cdef inline int32_t token_arg(object value, str name, str kind="token") except? -1:
+    """An int32 token id (``kind`` "block": a block id) from a Python object; the shared
+    Python check on the slow path."""
     cdef long long number
     if type(value) is int:
         try:
@@ -11,7 +12,7 @@ cdef inline int32_t token_arg(object value, str name) except? -1:
             number = INT32_MAX + 1  # falls through to the shared error below
         if INT32_MIN <= number <= INT32_MAX:
             return <int32_t>number
-    return <int32_t>_tokens.check_token(value, name)
+    return <int32_t>_tokens.check_token(value, name, kind)
 
 
 cdef inline Py_ssize_t clamped_index(object value) except? -1:
@@ -31,14 +32,14 @@ cdef inline int check_beam(Py_ssize_t beam, Py_ssize_t beam_width) except -1:
 
 
 cdef object block_ids_array(object block_ids, str name):
-    ids = _tokens.as_int32_array(block_ids, name)
+    ids = _tokens.as_int32_array(block_ids, name, "block")
     if ids.size and ids.min() < 0:
         raise ValueError(f"{name}: block id {int(ids[ids < 0][0])} is negative")
     return ids
 
 
 cdef inline int32_t block_id_arg(object block_id, str name) except? -2:
-    cdef int32_t value = token_arg(block_id, name)
+    cdef int32_t value = token_arg(block_id, name, "block")
     if value < 0:
         raise ValueError(f"{name}: block id {value} is negative")
     return value

@@ -88,7 +88,7 @@ def checked_block_table(block_ids, num_released, dirty_from, table_dirty_from=0)
     """Validated (ids array, num_released, dirty_from, table_dirty_from) of a restored
     BlockTable: the first ``num_released`` ids are -1 (released), the others >= 0, both
     readers' marks in [0, len]."""
-    ids = as_int32_array(block_ids, "block_ids")
+    ids = as_int32_array(block_ids, "block_ids", "block")
     released = _bounded(num_released, "num_released", 0, len(ids))
     if released and (ids[:released] != -1).any():
         raise ValueError(f"block_ids: the first {released} entries are released and must read -1")

@@ -61,28 +61,29 @@ def as_clamped_index(value):
     return min(max(operator.index(value), SSIZE_MIN), SSIZE_MAX)
 
 
-def check_token(value, name):
-    """Return one token id as a Python int; TypeError / OverflowError if it is not an int32."""
+def check_token(value, name, kind="token"):
+    """Return one token id (``kind`` "block": a block id) as a Python int; TypeError /
+    OverflowError if it is not an int32."""
     if isinstance(value, (float, np.floating)) or value is None:
-        raise TypeError(f"{name} must be an integer token id, not {type(value).__name__}")
+        raise TypeError(f"{name} must be an integer {kind} id, not {type(value).__name__}")
     try:
         number = operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an integer token id, not {type(value).__name__}") from None
+        raise TypeError(f"{name} must be an integer {kind} id, not {type(value).__name__}") from None
     if not INT32_MIN <= number <= INT32_MAX:
-        raise OverflowError(f"{name}: token id {shown(number)} does not fit in int32")
+        raise OverflowError(f"{name}: {kind} id {shown(number)} does not fit in int32")
     return number
 
 
-def as_int32_array(values, name):
+def as_int32_array(values, name, kind="token"):
     """Return a new contiguous 1-D int32 array holding ``values``, validated.
 
     Accepts any sequence of integers or a 1-D integer numpy array. Floats, None, bools
     arrays, strings, 2-D input and ids outside int32 raise TypeError / ValueError /
-    OverflowError naming ``name``; nothing is ever silently wrapped.
+    OverflowError naming ``name`` and the ``kind`` of id; nothing is ever silently wrapped.
     """
     if isinstance(values, (str, bytes, bytearray)) or not hasattr(values, "__len__"):
-        raise TypeError(f"{name} must be a sequence of integer token ids, not {type(values).__name__}")
+        raise TypeError(f"{name} must be a sequence of integer {kind} ids, not {type(values).__name__}")
     if isinstance(values, (list, tuple)):
         values = tuple(values)  # owned: what is checked below is what is converted
     if isinstance(values, np.ndarray):
@@ -101,23 +102,18 @@ def as_int32_array(values, name):
     if array.dtype.kind in "iu":
         if array.size and (array.min() < INT32_MIN or array.max() > INT32_MAX):
             bad = array[(array < INT32_MIN) | (array > INT32_MAX)][0]
-            raise OverflowError(f"{name}: token id {int(bad)} does not fit in int32")
+            raise OverflowError(f"{name}: {kind} id {int(bad)} does not fit in int32")
         return np.array(array, dtype=np.int32, copy=True)
     if isinstance(values, np.ndarray):
         raise TypeError(f"{name} must hold integers, got an array of dtype {array.dtype}")
     # A sequence holding something other than ints: check each element once, name the first
     # bad one, and build the array from the checked numbers (never from a second conversion).
     elements = values if isinstance(values, tuple) else array
-    return np.array([check_token(value, f"{name}[{position}]") for position, value in enumerate(elements)], dtype=np.int32)
+    return np.array([check_token(value, f"{name}[{position}]", kind) for position, value in enumerate(elements)],
+                    dtype=np.int32)
 
 
 def check_beam(beam, beam_width):
     """IndexError unless ``0 <= beam < beam_width`` (beams are never indexed from the end)."""
     if not 0 <= beam < beam_width:
         raise IndexError(f"beam {beam} is out of range for beam_width {beam_width}")
-
-
-def raise_token_error(value, name):
-    """The compiled backend's slow path: raise exactly what ``check_token`` raises."""
-    check_token(value, name)
-    raise AssertionError(f"{name}: {value!r} was expected to be rejected")

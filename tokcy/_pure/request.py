@@ -16,14 +16,14 @@ from tokcy._tokens import INT32_MAX, as_clamped_index, as_index, as_int32_array,
 
 
 def _block_ids_array(block_ids, name):
-    ids = as_int32_array(block_ids, name)
+    ids = as_int32_array(block_ids, name, "block")
     if ids.size and ids.min() < 0:
         raise ValueError(f"{name}: block id {int(ids[ids < 0][0])} is negative")
     return ids
 
 
 def _check_block_id(block_id, name):
-    block_id = check_token(block_id, name)
+    block_id = check_token(block_id, name, "block")
     if block_id < 0:
         raise ValueError(f"{name}: block id {block_id} is negative")
     return block_id
