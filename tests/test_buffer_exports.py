@@ -187,17 +187,107 @@ def test_no_memoryview_the_collector_leads_to_from_a_writer_can_be_released(back
 
 
 def test_a_writer_keeps_the_callers_arrays_whatever_is_done_to_its_views(backend):
-    """The writer's arrays, reached through the collector, each given memory of its own
-    by ``__setstate__`` (dropping its base), the holder dropped: the caller's arrays (and
-    the memory the writer writes) stay alive as long as the writer."""
+    """The writers' arrays (token inputs and metadata), reached through the collector, each
+    given memory of its own by ``__setstate__`` (dropping its base), the holders dropped:
+    the caller's arrays (and the memory the writers write) stay alive as long as they."""
     arrays = {name: np.zeros(8 + (name == "cu_seqlens"), np.int64 if name == "request_ids" else np.int32)
               for name in ARRAY_FIELDS}
-    alive = [weakref.ref(array) for array in arrays.values()]
+    outputs = {"kv_lens": np.zeros(8, np.int32), "cu_kv_seqlens": np.zeros(9, np.int32),
+               "slot_mapping": (np.zeros(8, np.int64),), "kv_indptr": (np.zeros(9, np.int32),),
+               "kv_last_page_len": (np.zeros(8, np.int32),)}
+    alive = [weakref.ref(array) for array in [*arrays.values(), outputs["kv_lens"], *outputs["slot_mapping"]]]
     out = HostBuffers.from_arrays(**arrays)
-    writer = out.writer(backend)
-    del out, arrays
-    for view in reachable_from(writer, np.ndarray):
-        if view.base is not None:
-            view.__setstate__(np.zeros(1, view.dtype).__reduce__()[2])
+    writers = [out.writer(backend), MetadataBuffers.from_arrays(max_blocks_per_seq=2, **outputs).bound(backend)]
+    del out, arrays, outputs
+    for writer in writers:
+        for view in reachable_from(writer, np.ndarray):
+            if view.base is not None:
+                view.__setstate__(np.zeros(1, view.dtype).__reduce__()[2])
     gc.collect()
     assert all(ref() is not None for ref in alive)
+
+
+def test_a_view_given_other_memory_while_binding_is_refused(backend):
+    """A collection's callback, at every collection while a writer binds, gives each plain
+    view of the outputs it finds (in the bind's lists and tuples) memory of its own with
+    ``__setstate__``: the bind is refused, nothing bound (before, the compiled writer kept
+    pointers into the views' new memory: the caller's arrays were never written, and a
+    second ``__setstate__`` freed what it wrote). A bind with no callback then writes into
+    the caller's arrays."""
+    if name_of(backend) == "python":
+        pytest.skip("the twin writes through numpy, whose own methods crash when such a callback gives a view other "
+                    "memory while they run: pure Python cannot keep numpy's methods from running callbacks (the "
+                    "compiled check reads the arrays' fields in C; docs/invariants.md)")
+    arrays = [np.zeros(8 + (name == "cu_seqlens"), np.int64 if name == "request_ids" else np.int32)
+              for name in ARRAY_FIELDS]
+    given = {id(array) for array in arrays}
+    hits = []
+
+    def give_views_other_memory(phase, info):
+        if phase == "start":
+            for item in gc.get_objects():
+                if type(item) in (list, tuple):  # (isinstance would ask other objects their __class__)
+                    for view in item:
+                        if type(view) is np.ndarray and id(view.base) in given:
+                            view.__setstate__(np.zeros(9, view.dtype).__reduce__()[2])
+                            hits.append(view)
+
+    writer = backend.InputWriter()
+    threshold = gc.get_threshold()
+    gc.callbacks.append(give_views_other_memory)
+    gc.set_threshold(1)
+    try:
+        with pytest.raises(RuntimeError, match="^an output array was given other memory by code that ran while it "
+                                               "was bound: nothing was bound$"):
+            writer.bind(*arrays)
+    finally:
+        gc.callbacks.remove(give_views_other_memory)
+        gc.set_threshold(*threshold)
+    assert hits
+    with pytest.raises(RuntimeError, match="needs output arrays: call bind"):  # still unbound
+        writer.prepare([], decode_requests(backend, 2), [], [], 0, None, 1)
+    writer.bind(*arrays)
+    writer.prepare([], decode_requests(backend, 2), [], [], 0, None, 1)
+    assert arrays[0][:2].tolist() == [30, 31]
+
+
+def test_arrays_over_an_owner_numpy_holds_no_export_of_keep_it_from_resizing(backend, tmp_path):
+    """``np.ndarray(..., buffer=bytearray)`` (its base the bytearray, no export held) and a
+    memmap (its base an mmap): bound, the bytearray refuses to resize and the mmap to
+    close (before, both did: the writer's pointers then dangled)."""
+    arrays, owners = {}, {}
+    for name in ARRAY_FIELDS:
+        dtype = np.dtype(np.int64 if name == "request_ids" else np.int32)
+        owners[name] = bytearray((8 + (name == "cu_seqlens")) * dtype.itemsize)
+        arrays[name] = np.ndarray(8 + (name == "cu_seqlens"), dtype, buffer=owners[name])
+    arrays["input_ids"] = np.memmap(tmp_path / "input_ids", np.int32, "w+", shape=(8,))
+    out = HostBuffers.from_arrays(**arrays)
+    prepare_inputs([], decode_requests(backend, 2), out=out)
+    for name, owner in owners.items():
+        if name != "input_ids":
+            with pytest.raises(BufferError):
+                owner.extend(bytes(1 << 16))
+    with pytest.raises(BufferError):
+        np.ndarray.base.__get__(arrays["input_ids"]).close()
+    prepare_inputs([], decode_requests(backend, 3), out=out)
+    assert arrays["input_ids"][:3].tolist() == [30, 31, 32]
+
+
+def test_a_refused_bind_leaves_the_metadata_as_it_was(backend):
+    """A bind, or a device table's, refused for an array over a released memoryview: the
+    metadata keeps its arrays, its device table and its plans (the twin released them
+    first)."""
+    metadata = backend.AttentionMetadata()
+    per_group = ((np.zeros(64, np.int64),), (np.zeros(9, np.int32),), (np.zeros(8, np.int32),))
+    metadata.bind(8, np.zeros(8, np.int32), np.zeros(9, np.int32), *per_group)
+    gathers = ((np.zeros(8, np.int32),), (np.zeros(8, np.int64),), (np.zeros(8, np.int64),))
+    metadata.bind_device_table(backend.DeviceTableRows(8, 1, 8), np.zeros(8, np.int32), np.zeros(66, np.int32),
+                               *gathers)
+    serial = metadata.plan_serial
+    released = np.frombuffer(bytearray(32), np.int32)
+    released.base.release()
+    with pytest.raises(ValueError, match="^an array's memory comes from a memoryview that was released"):
+        metadata.bind(8, released, np.zeros(9, np.int32), *per_group)
+    with pytest.raises(ValueError, match="^an array's memory comes from a memoryview that was released"):
+        metadata.bind_device_table(backend.DeviceTableRows(8, 1, 8), released, np.zeros(66, np.int32), *gathers)
+    assert (metadata.has_device_table, metadata.plan_serial) == (True, serial)

@@ -46,12 +46,13 @@ def test_objects_fill_whole_allocator_blocks_and_start_a_line(backend):
 
 
 def test_large_token_buffers_end_on_many_cache_sets(backend):
-    """64 prompts of 65,536 tokens: the C allocator hands out each buffer page-aligned (a
-    mapping of its own), so their last tokens, the ones a decode step reads, would all lie
-    at one offset within a page, on the same few cache sets, evicting each other. The core
+    """64 prompts of 65,536 tokens (256 KiB each): the C allocator hands out blocks this
+    large page-aligned (above its mmap threshold) or at a stride of its own, so their last
+    tokens, the ones a decode step reads, fall on few distinct offsets within a page, on
+    the same few cache sets (17 distinct lines of 64 here without the offsets). The core
     starts a large buffer a rotating number of lines in: the ends fall on at least 32
-    distinct lines of a page (one without it), and the offset costs at most a sixteenth of
-    the buffer (what tracemalloc counts)."""
+    distinct lines of a page, and the offset costs at most a sixteenth of the buffer (what
+    tracemalloc counts)."""
     if name_of(backend) == "python":
         pytest.skip("the pure twin's buffers are numpy's allocations: no layout of its own to keep")
     prompt = np.zeros(65_536, np.int32)

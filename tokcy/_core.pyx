@@ -38,6 +38,7 @@ cdef int64_t INT32_MAX = 2147483647
 cdef Py_ssize_t NOGIL_MIN_ENTRIES = 1 << 18
 
 include "_core_buffer.pxi"
+include "_core_array_fields.pxi"
 include "_core_block_table.pxi"
 include "_core_request.pxi"
 

@@ -124,30 +124,30 @@ cdef class AttentionMetadata:
                                                         + (arrays[5] or ()) + (arrays[6] or ()))),)
             # every pointer taken (each array checked) before anything changes: a bad array
             # leaves the writer bound to its old arrays, which it still owns
-            # through plain views (_prepare_checks.plain_array): their buffers are numpy's, over
-            # memory the arrays bound keep alive (a subclass's __buffer__ may export another)
-            plain = _checks.plain_array
-            lens = int32_pointer(plain(kv_lens), &length)
-            cu_lens = int32_pointer(plain(cu_kv_seqlens), &cu_length)
+            # through plain views (int32_pointer()): their buffers are numpy's, over memory the
+            # guards keep (a subclass's __buffer__ may export another)
+            lens = int32_pointer(kv_lens, &length)
+            cu_lens = int32_pointer(cu_kv_seqlens, &cu_length)
             cap_seqs = min(length, cu_length - 1)
             for group in range(count):
-                slots[group] = int64_pointer(plain(arrays[2][group]), &length)
+                slots[group] = int64_pointer(arrays[2][group], &length)
                 cap_tokens = length if cap_tokens < 0 else min(cap_tokens, length)
-                indptr[group] = int32_pointer(plain(arrays[3][group]), &length)
+                indptr[group] = int32_pointer(arrays[3][group], &length)
                 cap_seqs = min(cap_seqs, length - 1)
-                last_page_len[group] = int32_pointer(plain(arrays[4][group]), &length)
+                last_page_len[group] = int32_pointer(arrays[4][group], &length)
                 cap_seqs = min(cap_seqs, length)
                 if block_table is None:
                     tables[group] = NULL
                     indices[group] = NULL
                     cap_indices[group] = -1
                 else:
-                    dense = plain(arrays[5][group])
+                    dense = NDARRAY.view(arrays[5][group], NDARRAY)  # as int32_pointer()
                     if dense.shape[1] != width:  # (the check above read .shape, which a subclass may fake)
                         _checks.dense_columns(group, width, dense.shape[1])
                     tables[group] = &dense[0, 0] if dense.shape[0] else NULL
+                    check_still_over(arrays[5][group], tables[group])
                     cap_seqs = min(cap_seqs, dense.shape[0])
-                    indices[group] = int32_pointer(plain(arrays[6][group]), &cap_indices[group])
+                    indices[group] = int32_pointer(arrays[6][group], &cap_indices[group])
             self.release()
             # what was bound is released on return, once no pointer is into it
             retired_arrays, retired_device_arrays, retired_rows = self._arrays, self._device_arrays, self.rows
@@ -206,18 +206,17 @@ cdef class AttentionMetadata:
                 raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
             _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # the twin's checks and order
             guards = pinned(_invariants.resize_guards((table_slots, delta_area) + gathers[0] + gathers[1] + gathers[2]))
-            plain = _checks.plain_array  # pointers through plain views, as bind()
-            slots = int32_pointer(plain(table_slots), &length)
+            slots = int32_pointer(table_slots, &length)
             cap_seqs = min(self.cap_seqs, length)
-            deltas = int32_pointer(plain(delta_area), &delta_capacity)
+            deltas = int32_pointer(delta_area, &delta_capacity)
             if <uintptr_t>deltas % 8:  # (checked above through .ctypes, which a subclass may fake)
                 _checks.misaligned_delta_area()
             for group in range(count):  # every pointer taken (each array checked) before anything changes
-                blocks[group] = int32_pointer(plain(gathers[0][group]), &length)
+                blocks[group] = int32_pointer(gathers[0][group], &length)
                 cap_seqs = min(cap_seqs, length)
-                live[group] = int64_pointer(plain(gathers[1][group]), &length)
+                live[group] = int64_pointer(gathers[1][group], &length)
                 cap_seqs = min(cap_seqs, length)
-                base[group] = int64_pointer(plain(gathers[2][group]), &length)
+                base[group] = int64_pointer(gathers[2][group], &length)
                 cap_seqs = min(cap_seqs, length)
             self.release()
             retired_device_arrays, retired_rows = self._device_arrays, self.rows  # released on return, once unused

@@ -68,14 +68,25 @@ cdef inline void set_group_spec(GroupSpec* spec, PyObject* buffer, Py_ssize_t nu
 # into ``length``: both from the buffer numpy exports (typed, C-contiguous, writable), never
 # from what the object says of itself (an ndarray subclass may answer len() or .shape
 # with anything).
-cdef inline int32_t* int32_pointer(int32_t[::1] memory, Py_ssize_t* length):
+cdef int32_t* int32_pointer(object array, Py_ssize_t* length) except? NULL:
+    """Where the int32 entries of ``array`` (an output being bound) start, NULL for none,
+    and their count into ``length``: taken through a plain view (numpy's export of the
+    array's memory, whatever its class exports) and checked to lie where the array's
+    memory starts (check_still_over)."""
+    cdef int32_t[::1] memory = NDARRAY.view(array, NDARRAY)
+    cdef int32_t* data = &memory[0] if memory.shape[0] else NULL
     length[0] = memory.shape[0]
-    return &memory[0] if memory.shape[0] else NULL
+    check_still_over(array, data)
+    return data
 
 
-cdef inline int64_t* int64_pointer(int64_t[::1] memory, Py_ssize_t* length):
+cdef int64_t* int64_pointer(object array, Py_ssize_t* length) except? NULL:
+    """int32_pointer() for int64 entries."""
+    cdef int64_t[::1] memory = NDARRAY.view(array, NDARRAY)
+    cdef int64_t* data = &memory[0] if memory.shape[0] else NULL
     length[0] = memory.shape[0]
-    return &memory[0] if memory.shape[0] else NULL
+    check_still_over(array, data)
+    return data
 
 
 # Where the changed entries lie in the delta area (int32 words from its start, the used

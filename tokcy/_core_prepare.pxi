@@ -96,37 +96,54 @@ cdef class InputWriter:
         try:
             arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
                       request_ids, draft_tokens, draft_lens, device_token_slots)
+            guards = pinned(_invariants.resize_guards(arrays))
             views = _checks.check_bind_arrays(arrays)  # plain views, written through (see _bind_views)
-            retired = self._bind_views(views, pinned(_invariants.resize_guards(arrays)))
+            retired = self._bind_views(arrays, views, guards)
         finally:
             self._busy = False
         # (the arrays bound before are released on return, after the guard: code their
         # release runs, a finalizer, may call this writer, which writes into the new ones)
 
-    cdef object _bind_views(self, tuple views, tuple guards):
-        """Bind ``views``, plain ndarrays (``_prepare_checks.plain_array``): the buffers they
-        export are numpy's, over the arrays' own memory, which they keep alive (a subclass's
-        ``__buffer__`` is never asked). They are owned, with their guards, before any pointer
-        is kept, and no Python code runs here. Returns the arrays bound before, for the
-        caller to release once no pointer is theirs."""
+    cdef object _bind_views(self, tuple arrays, tuple views, tuple guards):
+        """Bind ``views``, plain ndarrays of ``arrays`` (``_prepare_checks.plain_array``):
+        the buffers they export are numpy's, over the arrays' own memory (a subclass's
+        ``__buffer__`` is never asked), which the guards keep (they hold the arrays). Each
+        pointer is checked to lie where its array's memory starts (check_still_over) before
+        anything changes, and no Python code runs here. Returns the arrays bound before, for
+        the caller to release once no pointer is theirs."""
         cdef int32_t[::1] input_ids = views[0], position_ids = views[1], gather_ids = views[2]
         cdef int32_t[::1] seq_lens = views[3], num_cached_tokens = views[4], prompt_lens = views[5]
         cdef int32_t[::1] cu_seqlens = views[6], draft_tokens = views[8], draft_lens = views[9]
         cdef int64_t[::1] request_ids = views[7]
         cdef int32_t[::1] device_token_slots = views[10]
+        cdef void* memory[11]
+        cdef Py_ssize_t index
+        memory[0] = &input_ids[0] if input_ids.shape[0] else NULL
+        memory[1] = &position_ids[0] if position_ids.shape[0] else NULL
+        memory[2] = &gather_ids[0] if gather_ids.shape[0] else NULL
+        memory[3] = &seq_lens[0] if seq_lens.shape[0] else NULL
+        memory[4] = &num_cached_tokens[0] if num_cached_tokens.shape[0] else NULL
+        memory[5] = &prompt_lens[0] if prompt_lens.shape[0] else NULL
+        memory[6] = &cu_seqlens[0] if cu_seqlens.shape[0] else NULL
+        memory[7] = &request_ids[0] if request_ids.shape[0] else NULL
+        memory[8] = &draft_tokens[0] if draft_tokens.shape[0] else NULL
+        memory[9] = &draft_lens[0] if draft_lens.shape[0] else NULL
+        memory[10] = &device_token_slots[0] if device_token_slots.shape[0] else NULL
+        for index in range(11):
+            check_still_over(arrays[index], memory[index])
         retired = self._arrays
         self._arrays = views + (guards,)
-        self._out.input_ids = &input_ids[0] if input_ids.shape[0] else NULL
-        self._out.position_ids = &position_ids[0] if position_ids.shape[0] else NULL
-        self._out.gather_ids = &gather_ids[0] if gather_ids.shape[0] else NULL
-        self._out.seq_lens = &seq_lens[0] if seq_lens.shape[0] else NULL
-        self._out.num_cached_tokens = &num_cached_tokens[0] if num_cached_tokens.shape[0] else NULL
-        self._out.prompt_lens = &prompt_lens[0] if prompt_lens.shape[0] else NULL
-        self._out.cu_seqlens = &cu_seqlens[0] if cu_seqlens.shape[0] else NULL
-        self._out.request_ids = &request_ids[0] if request_ids.shape[0] else NULL
-        self._out.draft_tokens = &draft_tokens[0] if draft_tokens.shape[0] else NULL
-        self._out.draft_lens = &draft_lens[0] if draft_lens.shape[0] else NULL
-        self._out.device_token_slots = &device_token_slots[0] if device_token_slots.shape[0] else NULL
+        self._out.input_ids = <int32_t*>memory[0]
+        self._out.position_ids = <int32_t*>memory[1]
+        self._out.gather_ids = <int32_t*>memory[2]
+        self._out.seq_lens = <int32_t*>memory[3]
+        self._out.num_cached_tokens = <int32_t*>memory[4]
+        self._out.prompt_lens = <int32_t*>memory[5]
+        self._out.cu_seqlens = <int32_t*>memory[6]
+        self._out.request_ids = <int64_t*>memory[7]
+        self._out.draft_tokens = <int32_t*>memory[8]
+        self._out.draft_lens = <int32_t*>memory[9]
+        self._out.device_token_slots = <int32_t*>memory[10]
         self._cap_tokens = min(input_ids.shape[0], position_ids.shape[0])
         self._cap_gather = gather_ids.shape[0]
         self._cap_seqs = min(seq_lens.shape[0], num_cached_tokens.shape[0], prompt_lens.shape[0],

@@ -220,7 +220,9 @@ def resize_guards(arrays):
       collector's introspection, can release it;
     - what owns that memory when it is no numpy array (a bytearray, or the compiled core's
       memory behind the holders' own arrays), which then outlives any ``__setstate__`` of
-      the arrays."""
+      the arrays; and, where numpy holds no export of it (``np.ndarray(..., buffer=owner)``,
+      a memmap's mmap) but it exports a buffer, a memoryview of it, so that it refuses to
+      resize or close (pinned as above by the compiled core)."""
     guards = []
     for array in arrays:
         if isinstance(array, np.ndarray):
@@ -237,6 +239,13 @@ def resize_guards(arrays):
                 array = array.obj
         if array is not None:
             guards.append(array)
+            if not isinstance(array, memoryview):
+                # an owner numpy holds no export of (np.ndarray(..., buffer=bytearray), a
+                # memmap's mmap): an export of our own, so it refuses to resize or close
+                try:
+                    guards.append(memoryview(array))
+                except TypeError:  # no buffer to export (the compiled core's own memory)
+                    pass
     return tuple(guards)
 
 

@@ -128,6 +128,11 @@ class AttentionMetadata:
         max_blocks_per_seq = _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping,
                                                            kv_indptr, kv_last_page_len, block_table, kv_indices)
         count = len(slot_mapping)
+        given = (kv_lens, cu_kv_seqlens, *slot_mapping, *kv_indptr, *kv_last_page_len, *(block_table or ()),
+                 *(kv_indices or ()))
+        # none can be resized while bound (as the compiled twin): made from the caller's arrays, before
+        # anything changes (they may refuse an array)
+        guards = _invariants.resize_guards(given)
         plain = _checks.plain_array  # written through plain views: their lengths are numpy's, whatever a subclass says
         kv_lens, cu_kv_seqlens = plain(kv_lens), plain(cu_kv_seqlens)
         slot_mapping, kv_indptr = [plain(a) for a in slot_mapping], [plain(a) for a in kv_indptr]
@@ -137,9 +142,7 @@ class AttentionMetadata:
         self.release()
         self.has_device_table = False  # the device table is bound to the old arrays: bind it again
         self._device_guards = ()
-        self._guards = _invariants.resize_guards(
-            (kv_lens, cu_kv_seqlens, *slot_mapping, *kv_indptr, *kv_last_page_len, *(block_table or ()),
-             *(kv_indices or ())))  # none can be resized while bound (as the compiled twin)
+        self._guards = guards
         self.width = max_blocks_per_seq
         self.kv_lens, self.cu_kv_seqlens = kv_lens, cu_kv_seqlens
         self.slot_mapping, self.kv_indptr = tuple(slot_mapping), tuple(kv_indptr)
@@ -180,11 +183,13 @@ class AttentionMetadata:
         if len(gathers[0]) != count or len(gathers[1]) != count or len(gathers[2]) != count:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
         _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # as the compiled twin, in its order
+        given = (table_slots, delta_area, *gathers[0], *gathers[1], *gathers[2])
+        guards = _invariants.resize_guards(given)  # as bind()
         plain = _checks.plain_array  # as bind()
         table_slots, delta_area = plain(table_slots), plain(delta_area)
         gathers = tuple(tuple(plain(array) for array in arrays) for arrays in gathers)
         self.release()
-        self._device_guards = _invariants.resize_guards((table_slots, delta_area, *gathers[0], *gathers[1], *gathers[2]))
+        self._device_guards = guards
         self.rows = rows
         max_slots = rows.max_slots
         self.table_slots = table_slots

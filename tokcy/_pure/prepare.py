@@ -9,7 +9,6 @@ the cost is O(batch + emitted tokens), never O(sequence length).
 from itertools import accumulate
 from operator import itemgetter
 
-import numpy as np
 
 from tokcy import _invariants
 from tokcy import _prepare_checks as _checks
@@ -88,9 +87,9 @@ class InputWriter:
         try:
             arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
                       cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots)
+            guards = _invariants.resize_guards(arrays)  # as the compiled twin: none can be resized while bound
             # plain views of the same memory: their lengths are numpy's (a subclass's len() may lie)
             views = _checks.check_bind_arrays(arrays)
-            guards = _invariants.resize_guards(arrays)  # as the compiled twin: none can be resized while bound
             arrays = views
             (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens, request_ids,
              draft_tokens, draft_lens, device_token_slots) = arrays

@@ -45,7 +45,9 @@ FLOOR_INTERNAL uint64_t next_random(void) {
 }
 
 /* as new_storage(): from 16 KiB, up to 64 colors of one 64-byte line, at most a sixteenth
- * of the buffer; the block malloc gave is kept just before the memory handed out */
+ * of the buffer; the block malloc gave is kept in a 64-byte header before the memory
+ * handed out (which stays as aligned as malloc's, 16 bytes) */
+#define COLOR_HEADER 64
 static size_t next_color = 0;
 FLOOR_INTERNAL void *colored_malloc(size_t bytes) {
     size_t offset = 0, colors = bytes / (16 * 64);
@@ -53,9 +55,9 @@ FLOOR_INTERNAL void *colored_malloc(size_t bytes) {
         offset = (next_color % (colors < 64 ? colors : 64)) * 64;
         next_color = (next_color + 1) % 64;
     }
-    char *block = malloc(bytes + offset + sizeof(void *));
+    char *block = malloc(bytes + offset + COLOR_HEADER);
     if (!block) return NULL;
-    char *memory = block + sizeof(void *) + offset;
+    char *memory = block + COLOR_HEADER + offset;
     memcpy(memory - sizeof(void *), &block, sizeof(void *));
     return memory;
 }

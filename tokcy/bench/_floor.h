@@ -19,7 +19,7 @@
 FLOOR_INTERNAL double now(void);                    /* CLOCK_MONOTONIC, seconds */
 FLOOR_INTERNAL uint64_t next_random(void);          /* xorshift: the batches' ids and allocation order */
 FLOOR_INTERNAL Py_ssize_t *shuffled_order(Py_ssize_t count);  /* a random permutation of 0..count-1, or NULL */
-/* A request's tokens or block ids: `bytes` from malloc, laid out as tokcy's own buffers (a
+/* A request's tokens or block ids: `bytes` from malloc, colored as tokcy's own buffers (a
  * large one starts a rotating number of cache lines in, new_storage() in _core_buffer.pxi),
  * so the floor pays no cache-set conflicts that tokcy avoids; NULL out of memory. Freed
  * with colored_free (NULL is fine). */
