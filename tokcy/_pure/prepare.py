@@ -9,7 +9,6 @@ the cost is O(batch + emitted tokens), never O(sequence length).
 from itertools import accumulate
 from operator import itemgetter
 
-
 from tokcy import _invariants
 from tokcy import _prepare_checks as _checks
 from tokcy._pure.metadata import AttentionMetadata
