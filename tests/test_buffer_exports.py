@@ -207,9 +207,11 @@ def test_a_writer_keeps_the_callers_arrays_whatever_is_done_to_its_views(backend
     assert all(ref() is not None for ref in alive)
 
 
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="from Python 3.12 a collection starts only where bytecode "
+                    "runs, never between the compiled bind's views and its pointers")
 def test_a_view_given_other_memory_while_binding_is_refused(backend):
     """A collection's callback, at every collection while a writer binds, gives each plain
-    view of the outputs it finds (in the bind's lists and tuples) memory of its own with
+    view of the outputs it finds (in the tuple of the bind's views) memory of its own with
     ``__setstate__``: the bind is refused, nothing bound (before, the compiled writer kept
     pointers into the views' new memory: the caller's arrays were never written, and a
     second ``__setstate__`` freed what it wrote). A bind with no callback then writes into
@@ -226,8 +228,8 @@ def test_a_view_given_other_memory_while_binding_is_refused(backend):
     def give_views_other_memory(phase, info):
         if phase == "start":
             for item in gc.get_objects():
-                if type(item) in (list, tuple):  # (isinstance would ask other objects their __class__)
-                    for view in item:
+                if type(item) is tuple and len(item) == len(ARRAY_FIELDS):  # (not isinstance: it would ask
+                    for view in item:                                          # other objects their __class__)
                         if type(view) is np.ndarray and id(view.base) in given:
                             view.__setstate__(np.zeros(9, view.dtype).__reduce__()[2])
                             hits.append(view)
