@@ -38,8 +38,8 @@ cdef enum:  # numpy's NPY_ARRAY_* flag bits (ABI too), all three needed to write
     ARRAY_WRITEABLE = 0x0400
     ARRAY_WRITABLE_FLAGS = ARRAY_C_CONTIGUOUS | ARRAY_ALIGNED | ARRAY_WRITEABLE
 
-# the dtypes of the arena's arrays, held here so that a dtype compared by identity can
-# never be another one at the same address
+# numpy's array type: the arena's exact-type check, and the writers' plain views
+# (NDARRAY.view(array, NDARRAY): numpy's own, whatever the array's class)
 cdef object NDARRAY = np.ndarray
 
 

@@ -15,7 +15,9 @@ cdef Py_ssize_t MIN_CAPACITY = 16
 # new_storage()'s cache coloring of large buffers: COLORS starting lines of LINE_BYTES
 cdef Py_ssize_t COLOR_MIN_BYTES = 16 * 1024, LINE_BYTES = 64, COLORS = 64
 cdef Py_ssize_t next_color = 0
-cdef object INT64_DTYPE = np.dtype(np.int64)  # the dtypes of the arrays the core shows its memory as
+# the dtypes of the arrays the core shows its memory as, held for the module's life so that
+# a dtype the arena compares by identity can never be another one at the same address
+cdef object INT64_DTYPE = np.dtype(np.int64)
 cdef object INT32_DTYPE = np.dtype(np.int32)
 cdef object BOOL_DTYPE = np.dtype(np.bool_)
 
