@@ -283,7 +283,9 @@ class ReportColumns(_ColumnsByName):
 
 # The RequestData rows of a SchedulerOutput (the fields are documented on
 # tokcy.connector.RequestData), made lazily: (every row, the new rows, the cached rows).
-def request_rows(output: Any) -> tuple[list[RequestData], list[RequestData], list[RequestData]]: ...
+def request_rows(
+    output: Any,
+) -> tuple[tuple[RequestData, ...], tuple[RequestData, ...], tuple[RequestData, ...]]: ...
 
 @final
 class RequestData(_DocumentedRequestData):  # a virtual subclass at run time

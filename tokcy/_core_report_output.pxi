@@ -23,6 +23,7 @@
 # makes its own view of the memory written, when first read).
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 
 cdef extern from "Python.h":
     # on borrowed pointers: an object argument would add a reference of its own to the count
@@ -114,7 +115,14 @@ cdef class ReportColumns:
     cdef Py_ssize_t num_segments
     cdef Py_ssize_t num_tokens
     cdef Py_ssize_t num_blocks
-    cdef list made                     # the columns made so far, by COLUMNS index (None: not yet)
+    # the columns made so far, by COLUMNS index (NULL: not yet), owned: a C array rather than a
+    # list, which gc.get_referrers(column) would hand to Python code that could empty it
+    cdef PyObject* made[12]
+
+    def __dealloc__(self):
+        cdef Py_ssize_t index
+        for index in range(12):
+            Py_XDECREF(self.made[index])
 
     cdef object wide(self):
         """The int64 array (None until first read if the arena's no longer showed the
@@ -146,11 +154,9 @@ cdef class ReportColumns:
         """Column ``index`` (COLUMNS' order): made on the first read (wide_layout's places)."""
         cdef Py_ssize_t place
         cdef WideLayout at
-        if self.made is None:
-            self.made = [None] * 12
-        column = self.made[index]
-        if column is not None:
-            return column
+        debug_assert(0 <= index < 12)
+        if self.made[index] != NULL:
+            return <object>self.made[index]
         place = WIDE_PLACE[index]
         if place >= 0:
             at = wide_layout(self.batch, self.num_segments)
@@ -161,7 +167,10 @@ cdef class ReportColumns:
             column = self.narrow()[0 : self.num_tokens]
         else:  # 9
             column = self.narrow()[self.num_tokens : self.num_tokens + self.num_blocks]
-        self.made[index] = column
+        if self.made[index] != NULL:  # made meanwhile, by a read from code that making it ran (a gc callback)
+            return <object>self.made[index]
+        Py_INCREF(column)
+        self.made[index] = <PyObject*>column
         return column
 
     def arrays(self):

@@ -2,8 +2,9 @@
 # readable reference: every argument is validated before anything changes; error messages
 # come from tokcy._tokens so both backends say the same. BlockTable: _core_block_table.pxi.
 
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.long cimport PyLong_AsLongLong
+from cpython.list cimport PyList_CheckExact, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.ref cimport PyObject
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from libc.stdint cimport INT16_MAX, int16_t
 
 from tokcy import _invariants
@@ -317,8 +318,9 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
     def add_new_token(self, token, Py_ssize_t beam=0):
         """Append one token to ``beam``; returns the beam's new length. Amortised O(1)."""
         cdef int32_t value = token_arg(token, "token")
+        cdef tuple beams = self._beams
         cdef Int32Buffer buffer = beam_of(self, beam)
-        buffer.append(value)
+        append_to_beam(self, beams, buffer, value, "add_new_token")
         return buffer.size
 
     def add_new_tokens(self, per_beam):
@@ -335,7 +337,7 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
             single = token_arg(tokens[0], "per_beam[0]")
             same_beams(self, beams, "per_beam")
             buffer = <Int32Buffer>beams[0]
-            buffer.append(single)
+            append_to_beam(self, beams, buffer, single, "add_new_tokens")
             return buffer.size
         checked = []
         for beam in range(len(tokens)):  # (a loop: no list comprehension in the core, _core.pyx)
@@ -560,6 +562,19 @@ cdef Py_ssize_t longest_beam(Request request) noexcept:
     return longest
 
 
+cdef inline int append_to_beam(Request request, tuple beams, Int32Buffer buffer, int32_t value, str call) except -1:
+    """Append ``value`` to ``buffer``, one of ``beams`` (the request's beams when ``call``
+    began). Growing it can run Python code (a weakref callback as the old storage goes)
+    that re-initialises the request: refused then, before anything is written, as the
+    write would go to a beam the request no longer has."""
+    if not buffer.has_room(buffer.size, 1):
+        buffer.reserve(buffer.size, 1)
+        if request._beams is not beams:
+            _invariants.changed_during(call, "re-initialised")
+    buffer.append(value)  # (room made: no allocation, no Python code)
+    return 0
+
+
 cdef tuple retire_fields(Request request):
     """The request's object fields, held while new ones are written: releasing the old
     ones can run Python code (a weakref callback), which must find every field of one
@@ -568,22 +583,32 @@ cdef tuple retire_fields(Request request):
             request._blocks1, request._state)
 
 
-cdef int lists_hold_tables(list held, tuple tables) except -1:
-    """1 if ``held[g]`` (the lists of ints Request.pause made, one per table) still lists
-    the live ids of ``tables[g]``, every one, else 0: read without allocating."""
+cdef bint lists_hold_tables(list held, tuple tables) noexcept:
+    """Whether ``held[g]`` (the lists of ints Request.pause made, one per table) still lists
+    the live ids of ``tables[g]``, every one: read without allocating or running Python
+    code. The lists are checked as they are now, not trusted: the code that changed a table
+    could also have found them (gc.get_objects) and changed them."""
     cdef Py_ssize_t group, index, begin
     cdef Int32Buffer buffer
-    cdef list listed
+    cdef PyObject* listed
+    cdef PyObject* item
+    cdef int overflow
+    if PyList_GET_SIZE(held) != len(tables):
+        return False
     for group in range(len(tables)):
         buffer = (<BlockTable>tables[group])._buffer
-        listed = <list>PyList_GET_ITEM(held, group)
+        listed = PyList_GET_ITEM(held, group)
         begin = buffer.num_released
-        if PyList_GET_SIZE(listed) != buffer.size - begin:
-            return 0
+        if not PyList_CheckExact(<object>listed) or PyList_GET_SIZE(<object>listed) != buffer.size - begin:
+            return False
         for index in range(buffer.size - begin):
-            if PyLong_AsLongLong(<object>PyList_GET_ITEM(listed, index)) != buffer.data[begin + index]:
-                return 0
-    return 1
+            item = PyList_GET_ITEM(<object>listed, index)
+            if not PyLong_CheckExact(<object>item):  # (another int's __index__ would be Python code)
+                return False
+            if (PyLong_AsLongLongAndOverflow(<object>item, &overflow) != buffer.data[begin + index]
+                    or overflow != 0):
+                return False
+    return True
 
 
 cdef bint beams_have_room(tuple beams, Py_ssize_t start, const Py_ssize_t* counts) noexcept:

@@ -17,6 +17,7 @@
 #   rows are made (so its values cannot change after the check).
 
 from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF
 
 from tokcy import _request_data
@@ -318,11 +319,12 @@ cdef class RequestData:
         return _request_data.reduce(self)
 
 
-cdef list rows_where(list rows, RowColumns columns, bint wanted, Py_ssize_t count):
-    """The ``count`` rows of ``rows`` whose is_new is ``wanted``, in order (a new list).
-    Making the list may run the collector, and so Python code that writes into is_new:
-    the count is checked again, and a list is never written past its end."""
-    cdef list chosen = PyList_New(count)  # tracked empty; nothing that can run a collection fills it
+cdef tuple rows_where(tuple rows, RowColumns columns, bint wanted, Py_ssize_t count):
+    """The ``count`` rows of ``rows`` whose is_new is ``wanted``, in order (a new tuple).
+    Making the tuple may run the collector, and so Python code that writes into is_new:
+    the count is checked again, and a tuple is never written past its end. (``rows`` is a
+    tuple because that code may reach it: nothing can change a tuple's items.)"""
+    cdef tuple chosen = PyTuple_New(count)  # tracked empty; nothing that can run a collection fills it
     cdef Py_ssize_t row, index = 0
     cdef bint more = False
     for row in range(columns.batch):
@@ -330,13 +332,14 @@ cdef list rows_where(list rows, RowColumns columns, bint wanted, Py_ssize_t coun
             if index == count:
                 more = True
                 break
-            Py_INCREF(rows[row])  # PyList_SET_ITEM steals the reference
-            PyList_SET_ITEM(chosen, index, rows[row])
+            item = <object>PyTuple_GET_ITEM(rows, row)
+            Py_INCREF(item)  # PyTuple_SET_ITEM steals the reference
+            PyTuple_SET_ITEM(chosen, index, item)
             index += 1
     if more or index != count:
         while index < count:  # no NULL item is left for the collector (the error allocates)
             Py_INCREF(None)
-            PyList_SET_ITEM(chosen, index, None)
+            PyTuple_SET_ITEM(chosen, index, None)
             index += 1
         raise RuntimeError("a report's is_new column was written while its rows were made")
     return chosen
@@ -344,20 +347,20 @@ cdef list rows_where(list rows, RowColumns columns, bint wanted, Py_ssize_t coun
 
 def request_rows(output):
     """The ``RequestData`` of every row of ``output``, and of its new rows and its cached
-    rows apart (three new lists). The columns of an output made by hand are copied and
+    rows apart (three new tuples). The columns of an output made by hand are copied and
     checked first: each row's offsets must lie inside them (ValueError naming the first
     row that does not); a manager's rows check each offset when they read it."""
     cdef RowColumns columns = row_columns(output)
     cdef Py_ssize_t row, num_new = 0
-    cdef list rows = PyList_New(columns.batch)
+    cdef tuple rows = PyTuple_New(columns.batch)
     cdef RequestData data
     for row in range(columns.batch):
         data = RequestData.__new__(RequestData)  # untracked, from the free list: no collection runs here
         data.columns = columns
         data.row = row
-        Py_INCREF(data)  # PyList_SET_ITEM steals the reference
-        PyList_SET_ITEM(rows, row, data)
+        Py_INCREF(data)  # PyTuple_SET_ITEM steals the reference
+        PyTuple_SET_ITEM(rows, row, data)
         num_new += columns.is_new[row] != 0
-    # each list is made only once the one before it is full (making one may run the collector)
+    # each tuple is made only once the one before it is full (making one may run the collector)
     new_rows = rows_where(rows, columns, True, num_new)
     return rows, new_rows, rows_where(rows, columns, False, columns.batch - num_new)

@@ -100,12 +100,17 @@ class Int32Buffer:
         self.storage[self.size : end] = values
         self.size = end
 
+    def has_room(self, start, count):
+        """Whether writing ``count`` entries from ``start`` (at most the size) needs no
+        allocation: no copy-on-write, no growth."""
+        return start >= self.shared_end and start + count <= len(self.storage)
+
     def room(self, start, count):
         """Make writing ``count`` entries from ``start`` (at most the size) need no
         allocation, and return what ``put`` writes them through: (the storage, its entries
         ``[start, start + count)``, the new size). A caller writing several buffers makes
         every one's room before it writes any, so a failure changes none."""
-        while start < self.shared_end or start + count > len(self.storage):
+        while not self.has_room(start, count):
             self._make_writable(start, start + count)
         storage = self.storage
         return storage, storage[start : start + count], start + count

@@ -427,8 +427,9 @@ class Request:
         """Append one token to ``beam``; returns the beam's new length. Amortised O(1)."""
         beam = as_index(beam)
         token = check_token(token, "token")
+        beams = self._beams
         buffer = self._beam(beam)
-        buffer.append(token)
+        self._append_to_beam(beams, buffer, token, "add_new_token")
         return buffer.size
 
     def add_new_tokens(self, per_beam):
@@ -441,7 +442,7 @@ class Request:
         checked = [check_token(token, f"per_beam[{beam}]") for beam, token in enumerate(tokens)]
         self._same_beams(beams, "per_beam")
         if len(beams) == 1:
-            beams[0].append(checked[0])  # (grows before it writes: a failure changes nothing)
+            self._append_to_beam(beams, beams[0], checked[0], "add_new_tokens")
             return beams[0].size
         # every beam's room and its token as an int32 array first: the writes allocate nothing
         rooms = [buffer.room(buffer.size, 1) for buffer in beams]
@@ -452,6 +453,17 @@ class Request:
         for buffer, token, room in zip(beams, tokens, rooms):
             buffer.put(buffer.size, token, room)
         return beams[0].size
+
+    def _append_to_beam(self, beams, buffer, token, call):
+        """Append ``token`` to ``buffer``, one of ``beams`` (the request's beams when ``call``
+        began). Growing it can run Python code (a weakref callback as the old storage goes)
+        that re-initialises the request: refused then, before anything is written, as the
+        write would go to a beam the request no longer has."""
+        if not buffer.has_room(buffer.size, 1):
+            buffer.room(buffer.size, 1)
+            if self._beams is not beams:
+                _invariants.changed_during(call, "re-initialised")
+        buffer.append(token)  # (room made: no allocation, no Python code)
 
     def set_generated_tokens(self, per_beam):
         """Replace everything after the prompt: beam b becomes prompt + ``per_beam[b]``."""

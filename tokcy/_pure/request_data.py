@@ -156,21 +156,37 @@ def _slice(values, offsets, index, row):
 
 def request_rows(output):
     """The ``RequestData`` of every row of ``output``, and of its new rows and its cached
-    rows apart (three new lists). The columns of an output made by hand are copied and
+    rows apart (three new tuples). The columns of an output made by hand are copied and
     checked first: each row's offsets must lie inside them (ValueError naming the first
     row that does not); a manager's rows check each offset when they read it."""
     made_by_hand = type(output._source) is _GivenColumns
     columns = RowColumns(output, made_by_hand)
     if made_by_hand:
         _check_layout(columns)
-    rows = []
-    for row in range(len(columns.request_ids)):
-        data = _new_row(RequestData)
-        _set_columns(data, columns)  # the slots' own setters: a row refuses setattr
-        _set_row(data, row)
-        rows.append(data)
+    count = len(columns.request_ids)
+    rows = _whole_tuple([_made_row(columns, row) for row in range(count)], count)
     is_new = columns.is_new.tolist()
-    return rows, list(compress(rows, is_new)), [data for data, new in zip(rows, is_new) if not new]
+    num_new = sum(is_new)
+    return (rows, _whole_tuple(list(compress(rows, is_new)), num_new),
+            _whole_tuple([data for data, new in zip(rows, is_new) if not new], count - num_new))
+
+
+def _whole_tuple(items, count):
+    """The list ``items`` as a tuple, which no one can change, refused unless it still
+    holds its ``count`` rows: a collection's callback (any allocation may start one) can
+    find the list (gc.get_objects) and empty it. (Through an iterator: ``tuple(items)``
+    would copy the list's items after an allocation that may run that callback.)"""
+    made = tuple(iter(items))
+    if len(made) != count:
+        raise RuntimeError("the rows of a report were changed by code that ran while they were made")
+    return made
+
+
+def _made_row(columns, row):
+    data = _new_row(RequestData)
+    _set_columns(data, columns)  # the slots' own setters: a row refuses setattr
+    _set_row(data, row)
+    return data
 
 
 _new_row = object.__new__
