@@ -32,7 +32,7 @@ def snapshot(holder, requests):
 CASES = [
     # (description, requests builder, block sizes, expected message)
     ("table too short", lambda m: [request(m, 7, 9, [1, 2])], (4,),
-     "request 7 group 0: position 8 needs block 2, but its block table holds only 2 blocks"),
+     "request 7 group 0: its rows need 3 blocks, but its block table holds only 2 (position 8 has none)"),
     ("released block written", lambda m: [request(m, 8, 9, [1, 2, 3])], (4,), None),
     ("more blocks than max_blocks_per_seq", lambda m: [request(m, 9, 5, [1, 2, 3, 4, 5])], (4,),
      "request 9 group 0: its block table holds 5 blocks, above max_blocks_per_seq 4"),
@@ -41,7 +41,7 @@ CASES = [
     ("group count", lambda m: [request(m, 11, 5, [1, 2])], (4, 4),
      "request 11 has 1 layer groups but block_sizes gives 2"),
     ("second group short", lambda m: [request(m, 12, 5, [1, 2], groups=2)], (4, 2),
-     "request 12 group 1: position 4 needs block 2, but its block table holds only 2 blocks"),
+     "request 12 group 1: its rows need 3 blocks, but its block table holds only 2 (position 4 has none)"),
 ]
 
 

@@ -7,7 +7,7 @@ from executor_reference import make_request, reference
 from tokcy import RequestState, _backend, _pure
 from tokcy.executor import ARRAY_FIELDS, HostBuffers, prepare_inputs
 from tokcy.executor._host import COUNT_FIELDS
-from tokcy.executor._metadata import GROUP_FIELDS, METADATA_FIELDS
+from tokcy.executor._metadata import GROUP_FIELDS, METADATA_FIELDS, MetadataBuffers
 
 IN_PROGRESS = RequestState.GENERATION_IN_PROGRESS
 
@@ -474,6 +474,34 @@ def test_out_arrays_are_checked(backend):
     requests = [_gen(backend, 1), _gen(backend, 2)]
     with pytest.raises(ValueError, match="gathered rows"):
         prepare_inputs([], requests, out=small)
+
+
+def misaligned(dtype, count):
+    """A writable, C-contiguous 1-D array of ``dtype`` whose entries are not aligned to their
+    size (half an entry into a bytearray: numpy allows it, and flags it not aligned)."""
+    size = np.dtype(dtype).itemsize
+    array = np.ndarray((count,), dtype, buffer=bytearray((count + 1) * size), offset=size // 2)
+    assert not array.flags.aligned and array.flags.writeable and array.flags.c_contiguous
+    return array
+
+
+@pytest.mark.parametrize("name", ["request_ids", "input_ids"])
+def test_misaligned_out_arrays_are_refused(backend, name):
+    """The compiled core writes each entry through a typed C pointer, which must be aligned
+    (the sanitizer build reported such a store): both backends refuse the array, naming it."""
+    good = dict(zip(ARRAY_FIELDS, HostBuffers(8, 4, 1).arrays))
+    bad = misaligned(np.int64 if name == "request_ids" else np.int32, len(good[name]))
+    with pytest.raises(ValueError, match=f"out array {name} must be 1-D, C-contiguous, aligned and writable"):
+        HostBuffers.from_arrays(**{**good, name: bad})
+
+
+def test_misaligned_metadata_arrays_are_refused(backend):
+    holder = MetadataBuffers(8, 4, 4)
+    arrays = dict(zip(("kv_lens", "cu_kv_seqlens"), (holder.kv_lens, holder.cu_kv_seqlens)))
+    slots = misaligned(np.int64, 8)
+    with pytest.raises(ValueError, match="slot_mapping must be a 1-D, C-contiguous, writable, aligned int64"):
+        MetadataBuffers.from_arrays(4, arrays["kv_lens"], arrays["cu_kv_seqlens"], [slots], [holder.kv_indptr[0]],
+                                    [holder.kv_last_page_len[0]]).bound(backend)
 
 
 # ------------------------------------------------------------------ cost by counting

@@ -460,7 +460,7 @@ def metadata_arrays(kv_lens):
 def test_metadata_outputs_must_be_numpy_arrays_and_cannot_be_resized_while_bound(backend):
     """An array.array (resizable once nothing exports it) is refused, the same way on both
     backends; a bound numpy metadata array cannot be resized."""
-    with pytest.raises(ValueError, match="kv_lens must be a 1-D, C-contiguous, writable int32 numpy array"):
+    with pytest.raises(ValueError, match="kv_lens must be a 1-D, C-contiguous, writable, aligned int32 numpy array"):
         metadata = MetadataBuffers.from_arrays(max_blocks_per_seq=4, **metadata_arrays(array("i", [0] * 8)))
         holder(metadata).writer()
     kv_lens = np.zeros(8, np.int32)

@@ -223,9 +223,9 @@ def test_an_error_inside_a_run_is_the_other_backends_and_consumes_nothing(backen
         results[module] = (errors, preparer.last_copy_bytes, preparer.block_table[-1, 1].tolist())
     assert results[backend] == results[other]
     errors, _, row = results[backend]
-    missing = ("request 7 group 0: position 12 needs block 3, but its block table holds only 1 blocks"
-               if num_groups == 1 else "request 7 group 1: position 12 needs block 1, but its block table holds only "
-               "1 blocks")
+    missing = ("request 7 group 0: its rows need 4 blocks, but its block table holds only 1 (position 12 has none)"
+               if num_groups == 1 else
+               "request 7 group 1: its rows need 2 blocks, but its block table holds only 1 (position 12 has none)")
     last = num_groups - 1
     assert errors == [
         (ValueError, missing),

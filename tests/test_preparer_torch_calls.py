@@ -71,8 +71,10 @@ def test_device_tokens_add_one_gather_and_one_copy(backend):
     preparer = InputPreparer(8, 8)
     previous = torch.arange(100, 108, dtype=torch.int32)
     inputs, names = counted(preparer, [], device_token_requests=requests, previous_new_tokens=previous)
-    # attribute reads checking previous_new_tokens: its dtype, ndim twice, both devices, its length
-    assert names == ["__get__"] * 6 + ["__getitem__", "copy_", "index_select"]
+    # attribute reads checking previous_new_tokens: its dtype, ndim, both devices, the length
+    # of the alias the rows read (previous[:]), and its storage (not the preparer's own);
+    # then the ids' slice of input_ids, the gather and the copy
+    assert names == ["__get__"] * 5 + ["__getitem__"] * 2 + ["copy_", "index_select", "untyped_storage"]
     np.testing.assert_array_equal(inputs.input_ids.numpy(), np.arange(100, 108, dtype=np.int32))
 
 

@@ -180,9 +180,11 @@ def too_many_blocks(request_id, group, num_blocks, max_blocks):
 
 
 def missing_block(request_id, group, position, block, num_blocks):
+    """``position``: the first of the sequence's positions without a block; ``block``: the
+    last block its rows need."""
     raise ValueError(
-        f"request {request_id} group {group}: position {position} needs block {block}, "
-        f"but its block table holds only {num_blocks} blocks"
+        f"request {request_id} group {group}: its rows need {block + 1} blocks, but its block table holds only "
+        f"{num_blocks} (position {position} has none)"
     )
 
 
@@ -238,18 +240,22 @@ def check_bind_arrays(arrays):
         if not isinstance(array, np.ndarray):
             raise TypeError(f"bind() argument {position + 1} must be a numpy array, not {type(array).__name__}")
         array = plain_array(array)
-        if array.dtype != dtype or array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
-            raise ValueError(f"bind() argument {position + 1} must be a writable contiguous 1-D {np.dtype(dtype)} array")
+        if (array.dtype != dtype or array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable
+                or not array.flags.aligned):
+            raise ValueError(f"bind() argument {position + 1} must be a writable, aligned, contiguous 1-D "
+                             f"{np.dtype(dtype)} array")
         views.append(array)
     return tuple(views)
 
 
 def check_writable_array(name, array, dtype, ndim=1):
-    """An attention-metadata array: an ``ndim``-D, C-contiguous, writable numpy array of ``dtype``."""
+    """An attention-metadata array: an ``ndim``-D, C-contiguous, writable, aligned numpy array
+    of ``dtype`` (the compiled core writes its entries through typed C pointers)."""
     plain = plain_array(array) if isinstance(array, np.ndarray) else None
     if plain is None or not (plain.dtype == dtype and plain.ndim == ndim and plain.flags.c_contiguous
-                             and plain.flags.writeable):
-        raise ValueError(f"{name} must be a {ndim}-D, C-contiguous, writable {np.dtype(dtype).name} numpy array")
+                             and plain.flags.writeable and plain.flags.aligned):
+        raise ValueError(f"{name} must be a {ndim}-D, C-contiguous, writable, aligned {np.dtype(dtype).name} "
+                         f"numpy array")
 
 
 def check_layer_groups(count):

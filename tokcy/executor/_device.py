@@ -13,6 +13,8 @@ runs with CPU tensors, no pinning and no events. torch is imported when an
 ``InputPreparer`` is created, never at ``import tokcy``.
 """
 
+from types import MappingProxyType
+
 import numpy as np
 
 from tokcy import _backend
@@ -174,7 +176,7 @@ class InputPreparer:
                  max_slots=None, device_tables=None):
         import torch
 
-        from tokcy.executor._device_table import DeviceBlockTable, device_tables_arg
+        from tokcy.executor._device_table import DeviceBlockTable, device_tables_arg, device_zeros
 
         self._max_num_tokens = _count(max_num_tokens, "max_num_tokens")
         self._max_batch_size = _count(max_batch_size, "max_batch_size")
@@ -210,9 +212,11 @@ class InputPreparer:
             total += 1 + 3 * self._max_batch_size * num_groups * self._max_blocks_per_seq
         total += total % 2  # even: the device buffer's int64 view covers it all
         self.last_copy_bytes = 0
-        self._device_packed = torch.zeros(max(total, 2), dtype=torch.int32, device=self._device)
+        self._device_packed = device_zeros(torch, max(total, 2), torch.int32, self._device)
         self._device_packed_int64 = self._device_packed.view(torch.int64)  # the changed entries' indices
-        self._tensors = {name: self._field(self._device_packed, name) for name in ARRAY_FIELDS}
+        self._device_packed_address = self._device_packed.data_ptr()  # fixed: CUDA graphs may capture it
+        # read-only: every DeviceInputs' views are made from these
+        self._tensors = MappingProxyType({name: self._field(self._device_packed, name) for name in ARRAY_FIELDS})
         self._views = {name: {} for name in ARRAY_FIELDS}
         self._batch_view_cache = {}  # padded batch size -> _batch_views(): the per-sequence metadata views
         self._copies = {}  # (tokens, changed table entries) -> what _new_copy() made for them
@@ -312,26 +316,12 @@ class InputPreparer:
                                "from code this call runs)")
         self._busy = True  # no call since the check, so no other thread ran in between (the GIL)
         try:
-            torch = self._torch
             if type(device_token_requests) not in (list, tuple):
                 device_token_requests = tuple(device_token_requests)
-            previous = None
+            previous = device_slots = None
             if device_token_requests:
-                if previous_new_tokens is None:
-                    raise ValueError("device_token_requests need previous_new_tokens (the previous step's device tokens)")
-                previous = previous_new_tokens
-                # exactly a tensor: its shape bounds the slots pass 1 accepts, and a subclass's
-                # shape (or __torch_function__) may say anything
-                if type(previous) is not torch.Tensor:
-                    raise TypeError(f"previous_new_tokens must be a torch.Tensor, not {type(previous).__name__}")
-                if previous.dtype not in (torch.int32, torch.int64):
-                    raise TypeError(f"previous_new_tokens must hold int32 or int64 token ids, got {previous.dtype}")
-                if previous.ndim == 2:
-                    previous = previous[:, 0]
-                elif previous.ndim != 1:
-                    raise ValueError(f"previous_new_tokens must be 1-D or 2-D, got {previous.ndim} dimensions")
-                if previous.device != self._device_packed.device:
-                    raise ValueError(f"previous_new_tokens is on {previous.device}, the inputs on {self._device}")
+                previous = self._device_token_source(previous_new_tokens)
+                device_slots = previous.shape[0]
             slot = self._next
             if self._events is not None and self._recorded[slot] and self._fence:
                 self._events[slot].synchronize()  # its previous copy is done: safe to refill
@@ -343,29 +333,21 @@ class InputPreparer:
             # a failed call writes nothing and consumes no block table's changes
             counts = writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
                                     self._max_draft_len, cuda_graph_batch_sizes, self._max_beam_width, self._block_sizes,
-                                    None if previous is None else previous.shape[0])
+                                    device_slots)
             try:
+                inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, metadata), without the __init__ call
+                inputs._preparer = self
+                inputs._counts = counts
+                inputs._views = [None] * _NUM_ARRAYS
+                inputs._metadata = None
                 results = None if metadata is None else metadata.results()  # (.., .., changed table entries, ..)
-                host = (self._host[slot], results)  # DeviceInputs.host is made from them when read
-                count = counts[10]  # device-token rows
-                if count:
-                    host = written_inputs(host[0], counts, results, self._block_sizes)
-                key = (counts[3], 0 if results is None else results[2])  # (tokens, changed table entries)
-                target, sources, deltas, copied = self._copies.get(key) or self._new_copy(key)
-                if self._host_copy:
-                    target[:] = sources[slot]
-                else:
-                    target.copy_(sources[slot], non_blocking=self._is_cuda)
-                self.last_copy_bytes = copied
-                if self._events is not None:
-                    # the copy runs on the inputs' device's current stream: fence that stream
-                    self._events[slot].record(torch.cuda.current_stream(self._device_packed.device))
-                    self._recorded[slot] = True
-                if count:
+                inputs._host = (self._host[slot], results)  # DeviceInputs.host is made from them when read
+                deltas, copied = self._copy(slot, counts[3], 0 if results is None else results[2])
+                if counts[10]:  # device-token rows: their ids from the previous step's tokens
+                    inputs._host = written_inputs(self._host[slot], counts, results, self._block_sizes)
                     start = counts[6]  # device_token_row_start
-                    tokens = previous.index_select(0, self._view("device_token_slots", count))
-                    self._tensors["input_ids"][start : start + count].copy_(tokens)
-                made_from = None
+                    tokens = previous.index_select(0, self._view("device_token_slots", counts[10]))
+                    self._tensors["input_ids"][start : start + counts[10]].copy_(tokens)
                 if results is not None:
                     # scatter the changed entries into the device table and gather the batch's
                     # tables (device work, issued now); _set_device_metadata makes the views
@@ -373,13 +355,8 @@ class InputPreparer:
                     views = self._batch_view_cache.get(padded) or self._batch_views(padded)
                     tables = self._device_table.apply(self._device_packed, self._device_packed_int64, deltas, results[2],
                                                      views[0], views[2], results[3])
-                    made_from = (tables, padded, counts[3], results[0], results[1])  # (the metadata views')
-                inputs = _new_object(DeviceInputs)  # DeviceInputs(self, host, made_from), without the __init__ call
-                inputs._preparer = self
-                inputs._counts = counts
-                inputs._host = host
-                inputs._metadata = made_from
-                inputs._views = [None] * _NUM_ARRAYS
+                    inputs._metadata = (tables, padded, counts[3], results[0], results[1])  # (the metadata views')
+                self.last_copy_bytes = copied
                 self._next = (slot + 1) % len(self._staging)  # the ring moves on once nothing can fail
             except BaseException:
                 if self._device_table is not None:  # the host consumed the tables' changes: resend them whole
@@ -389,6 +366,49 @@ class InputPreparer:
         finally:
             self._busy = False
 
+    def _device_token_source(self, previous_new_tokens):
+        """``previous_new_tokens`` checked, as the 1-D tensor the device-token rows read."""
+        torch = self._torch
+        if previous_new_tokens is None:
+            raise ValueError("device_token_requests need previous_new_tokens (the previous step's device tokens)")
+        previous = previous_new_tokens
+        # exactly a tensor: its shape bounds the slots pass 1 accepts, and a subclass's
+        # shape (or __torch_function__) may say anything
+        if type(previous) is not torch.Tensor:
+            raise TypeError(f"previous_new_tokens must be a torch.Tensor, not {type(previous).__name__}")
+        if previous.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"previous_new_tokens must hold int32 or int64 token ids, got {previous.dtype}")
+        ndim = previous.ndim
+        if ndim not in (1, 2):
+            raise ValueError(f"previous_new_tokens must be 1-D or 2-D, got {ndim} dimensions")
+        if ndim == 2 and previous.shape[1] == 0:
+            raise ValueError("previous_new_tokens has no column (its shape is (n, 0)): column 0 holds the tokens")
+        if previous.device != self._device_packed.device:
+            raise ValueError(f"previous_new_tokens is on {previous.device}, the inputs on {self._device}")
+        if previous.untyped_storage().data_ptr() == self._device_packed_address:
+            # the step's copy overwrites that buffer before the rows read it
+            raise ValueError("previous_new_tokens is a view of this InputPreparer's own inputs, which this step "
+                             "overwrites before reading it: pass the model's output tokens (or a copy)")
+        # an alias of our own: the caller's tensor may be resized or set_() to other memory by
+        # code this call runs (a batch's generator, a collection's callback) after its length
+        # bounded the slots pass 1 accepts
+        return previous[:, 0] if ndim == 2 else previous[:]
+
+    def _copy(self, slot, num_tokens, num_changed):
+        """Issue the one copy of staging buffer ``slot``'s used prefix (``num_tokens`` input
+        ids, ``num_changed`` table entries after them) to the device buffer; returns (where
+        the changed entries start in it, the bytes copied)."""
+        key = (num_tokens, num_changed)
+        target, sources, deltas, copied = self._copies.get(key) or self._new_copy(key)
+        if self._host_copy:
+            target[:] = sources[slot]
+        else:
+            target.copy_(sources[slot], non_blocking=self._is_cuda)
+        if self._events is not None:
+            # the copy runs on the inputs' device's current stream: fence that stream
+            self._events[slot].record(self._torch.cuda.current_stream(self._device_packed.device))
+            self._recorded[slot] = True
+        return deltas, copied
 
     def _staging_writers(self, slot):
         """(the live backend, staging buffer ``slot``'s InputWriter, the AttentionMetadata it

@@ -1,5 +1,5 @@
 # Types of tokcy/executor/_device.py (the module itself is left unannotated); keep in sync.
-from typing import Iterable, SupportsIndex, TypeAlias
+from typing import Iterable, Mapping, SupportsIndex, TypeAlias
 
 import torch
 
@@ -76,7 +76,7 @@ class InputPreparer:
     @property
     def is_cuda(self) -> bool: ...
     @property
-    def tensors(self) -> dict[str, torch.Tensor]: ...
+    def tensors(self) -> Mapping[str, torch.Tensor]: ...
     @property
     def block_sizes(self) -> tuple[int, ...] | None: ...
     @property

@@ -12,6 +12,8 @@ Nothing here waits for the device: the sizes it needs (entries changed, CSR leng
 read from the host arrays of the same step.
 """
 
+import numpy as np
+
 from tokcy import _backend
 from tokcy.executor._metadata import MetadataBuffers
 
@@ -38,6 +40,18 @@ def device_tables_arg(value):
     return tuple(name for name in DEVICE_TABLES if name in names)
 
 
+def device_zeros(torch, shape, dtype, device):
+    """``torch.zeros(shape, dtype=dtype, device=device)`` whose storage cannot be resized
+    where torch would allow it: on the CPU it is numpy's memory (``torch.from_numpy``
+    makes tensors whose storage is not resizable), so no one holding a view of a
+    persistent tensor can shrink the memory that the preparer's copies, scatters and
+    gathers write. (A CUDA tensor's storage stays resizable: docs/invariants.md.)"""
+    if torch.device(device).type == "cpu":
+        numpy_dtype = {torch.int32: np.int32, torch.int64: np.int64}[dtype]
+        return torch.from_numpy(np.zeros(shape, dtype=numpy_dtype))
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 class DeviceBlockTable:
     def __init__(self, torch, device, num_groups, max_slots, max_blocks_per_seq, max_batch_size,
                  tables=DEVICE_TABLES):
@@ -48,15 +62,13 @@ class DeviceBlockTable:
         self.max_slots = max_slots
         self.width = max_blocks_per_seq
         self._torch = torch
-        self.table = torch.zeros((num_groups, max_slots, max_blocks_per_seq), dtype=torch.int32, device=device)
+        self.table = device_zeros(torch, (num_groups, max_slots, max_blocks_per_seq), torch.int32, device)
         self._flat = self.table.view(-1)
         # per group its table (what the dense rows are gathered from, by slot) and the same, flat (the CSR's source)
         self._group_tables = [self.table[group] for group in range(num_groups)]
         self._group_flat = [table.view(-1) for table in self._group_tables]
-        self.block_table = torch.zeros((num_groups, max_batch_size, max_blocks_per_seq), dtype=torch.int32,
-                                       device=device)
-        self.kv_indices = torch.zeros((num_groups, max_batch_size * max_blocks_per_seq), dtype=torch.int32,
-                                      device=device)
+        self.block_table = device_zeros(torch, (num_groups, max_batch_size, max_blocks_per_seq), torch.int32, device)
+        self.kv_indices = device_zeros(torch, (num_groups, max_batch_size * max_blocks_per_seq), torch.int32, device)
         self._columns = torch.arange(max_blocks_per_seq, dtype=torch.int32, device=device)[None, :]
         self._views = {}  # padded batch size -> per group views (see _batch_views)
         self._indices = {}  # (group, CSR length) -> (kv_indices view, arange view)

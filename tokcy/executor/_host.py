@@ -222,8 +222,8 @@ class HostBuffers:
 
     @classmethod
     def from_arrays(cls, *, max_draft_len=0, max_beam_width=None, metadata=None, **arrays):
-        """A holder over caller-owned arrays (each 1-D, C-contiguous, writable; int32, and
-        int64 for ``request_ids``), e.g. views of one packed staging buffer.
+        """A holder over caller-owned arrays (each 1-D, C-contiguous, aligned, writable; int32,
+        and int64 for ``request_ids``), e.g. views of one packed staging buffer.
         TypeError for a wrong type or dtype, ValueError for a wrong shape or layout."""
         missing = [name for name in ARRAY_FIELDS if name not in arrays]
         extra = [name for name in arrays if name not in ARRAY_FIELDS]
@@ -241,8 +241,8 @@ class HostBuffers:
                 raise TypeError(f"out array {name} must be a numpy array, not {type(array).__name__}")
             if array.dtype != dtype:
                 raise TypeError(f"out array {name} must have dtype {dtype}, got {array.dtype}")
-            if array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
-                raise ValueError(f"out array {name} must be 1-D, C-contiguous and writable")
+            if array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable or not array.flags.aligned:
+                raise ValueError(f"out array {name} must be 1-D, C-contiguous, aligned and writable")
         if len(arrays["cu_seqlens"]) < 1:
             raise ValueError("out array cu_seqlens needs at least one entry")
         self._arrays = tuple(arrays[name] for name in ARRAY_FIELDS)
