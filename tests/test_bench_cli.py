@@ -467,7 +467,7 @@ def test_a_scenario_without_torch_is_skipped_once_with_the_fix(backend, capsys, 
     assert code == 0, err
     (line,) = [line for line in out.splitlines() if "attention: skipped" in line]
     assert line.startswith("== attention: skipped, torch is not available (")
-    assert line.endswith("); install torch: pip install -e '.[torch]'")
+    assert line.endswith("); install torch: pip install torch==2.13.0")
     assert "skipped" not in err
     assert "torch:   not installed" in out
 

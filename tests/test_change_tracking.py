@@ -98,7 +98,7 @@ def test_a_failed_report_gives_the_marks_back(backend):
 
 @pytest.mark.parametrize("order", ["connector first", "table first", "connector skips", "table skips"])
 def test_each_reader_sees_each_change_once(backend, order):
-    pytest.importorskip("torch", reason="the device block table is a torch tensor (pip install 'tokcy[torch]')")
+    pytest.importorskip("torch", reason="the device block table is a torch tensor (pip install torch==2.13.0)")
     manager, store = SchedulerOutputManager(), OffloadStore()
     preparer = InputPreparer(8, 2, block_size=4, max_blocks_per_seq=8, max_slots=2)
     request = generating(backend, 1, 6, 2)

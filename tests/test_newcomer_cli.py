@@ -34,7 +34,7 @@ def test_version_line_names_why_the_twin_runs(monkeypatch, capsys):
 def test_usage_mentions_version_and_the_demo_extra(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
-    assert "--version" in out and "pip install 'tokcy[torch]'" in out
+    assert "--version" in out and "pip install torch==2.13.0" in out
 
 
 def _without(monkeypatch, module):
@@ -57,7 +57,7 @@ def test_demo_without_torch_is_one_line_naming_the_extra(monkeypatch, capsys):
     assert main(["demo"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == "tokcy demo needs torch, which is not installed: pip install 'tokcy[torch]'  (or: pip install torch)\n"
+    assert captured.err == "tokcy demo needs torch, which is not installed: pip install torch==2.13.0\n"
 
 
 @pytest.mark.backend_free("the demo stops at its missing torch before any backend runs")

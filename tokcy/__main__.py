@@ -11,7 +11,7 @@ USAGE = """usage: {prog} {{bench,demo}} [options]
 
   bench      time tokcy against the patterns it replaces, on this machine (--help for options)
   demo       run a small continuous-batching engine on tokcy and check it against a reference
-             (needs torch: pip install 'tokcy[torch]')
+             (needs torch: pip install torch==2.13.0)
   --version  print tokcy's version and the live backend
 """
 

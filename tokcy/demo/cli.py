@@ -9,7 +9,7 @@ import time
 import tokcy
 from tokcy import _backend
 
-NO_TORCH = "tokcy demo needs torch, which is not installed: pip install 'tokcy[torch]'  (or: pip install torch)"
+NO_TORCH = "tokcy demo needs torch, which is not installed: pip install torch==2.13.0"
 
 
 class DefaultOnceFormatter(argparse.HelpFormatter):
@@ -35,7 +35,7 @@ def _parser(prog="python -m tokcy demo"):
     parser = argparse.ArgumentParser(
         prog=prog,
         description="A small continuous-batching engine on tokcy (executor + connector), checked token for "
-        "token against a full-recompute greedy reference. Needs torch (pip install 'tokcy[torch]').",
+        "token against a full-recompute greedy reference. Needs torch (pip install torch==2.13.0).",
         formatter_class=DefaultOnceFormatter,
     )
     parser.add_argument("--requests", type=int, default=32, help="number of requests")
