@@ -176,7 +176,8 @@ def test_a_device_slot_past_previous_new_tokens_changes_nothing(backend):
 def test_a_failure_after_the_host_pass_resends_whole_rows(backend):
     """The host pass consumed the tables' changes (a truncation: two entries to zero), then
     the device-side step failed: the next call sends the scheduled rows whole, zeros to
-    the row's end included (the row may still hold the longer table)."""
+    the row's end included (the row may still hold the longer table). The failed call is
+    refused as a whole: ``last_copy_bytes`` still reports the last step prepared."""
     preparer = InputPreparer(16, 4, block_size=4, max_blocks_per_seq=4, max_slots=4)
     decode = request(backend, 1, 3, [7, 8, 9], slot=2)
     preparer.prepare([], [decode])
@@ -189,9 +190,11 @@ def test_a_failure_after_the_host_pass_resends_whole_rows(backend):
         raise RuntimeError("the device step failed")
 
     table.apply = failing_apply
+    copied = preparer.last_copy_bytes  # three entries sent; the failed step copied two
     with pytest.raises(RuntimeError, match="the device step failed"):
         preparer.prepare([], [decode])
     table.apply = real_apply
+    assert preparer.last_copy_bytes == copied
     for _ in range(2):
         preparer.prepare([], [decode])
         assert preparer.block_table[0, 2].tolist() == [7, 0, 0, 0]

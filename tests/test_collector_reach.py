@@ -7,6 +7,7 @@ would report), and a call whose inputs changed under it is refused or gives what
 
 import gc
 import sys
+from contextlib import contextmanager
 
 import pytest
 
@@ -37,6 +38,30 @@ def drain_list_free_list(keep):
     keep.append([[] for _ in range(200)])
 
 
+@contextmanager
+def at_every_collection(change):
+    """While inside, a collection may start at every allocation of a tracked object, and
+    each calls ``change()`` as it starts (what a memory profiler's callback could do); the
+    free list of lists is drained after each, so that the next list made allocates."""
+    keep = []
+
+    def callback(phase, info):
+        if phase == "start":
+            change()
+        else:
+            drain_list_free_list(keep)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(callback)
+    drain_list_free_list(keep)
+    gc.set_threshold(1)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(callback)
+
+
 def test_a_collection_that_empties_what_holds_the_rows_of_a_report_loses_none(backend):
     """The rows of a report are made as one container, then the new rows and the cached
     rows are picked from it into containers of their own: making those may start a
@@ -46,32 +71,23 @@ def test_a_collection_that_empties_what_holds_the_rows_of_a_report_loses_none(ba
     emptied is refused (RuntimeError), never rows lost (as they were)."""
     requests = [backend.Request(index, [1, 2, 3]) for index in range(64)]
     output = SchedulerOutputManager().build_scheduler_output(requests, [])
-    emptied, keep = [], []
+    emptied = []
 
-    def callback(phase, info):
-        if phase == "start":
-            found = gc.get_objects()
-            for item in found:
-                if type(item) is list and len(item) == 64 and type(item[0]).__name__ == "RequestData":
-                    emptied.append(len(item))
-                    item.clear()
-            del found
-        else:
-            drain_list_free_list(keep)
+    def empty_the_lists_of_rows():
+        found = gc.get_objects()
+        for item in found:
+            if type(item) is list and len(item) == 64 and type(item[0]).__name__ == "RequestData":
+                emptied.append(len(item))
+                item.clear()
+        del found
 
-    threshold = gc.get_threshold()
-    gc.callbacks.append(callback)
-    drain_list_free_list(keep)
-    gc.set_threshold(1)
-    try:
-        rows = output.new_requests
-    except RuntimeError as error:
-        assert backend.__name__ == "tokcy._pure" and emptied, error
-        assert str(error) == "the rows of a report were changed by code that ran while they were made"
-        rows = None
-    finally:
-        gc.set_threshold(*threshold)
-        gc.callbacks.remove(callback)
+    rows = None
+    with at_every_collection(empty_the_lists_of_rows):
+        try:
+            rows = output.new_requests
+        except RuntimeError as error:
+            assert backend.__name__ == "tokcy._pure" and emptied, error
+            assert str(error) == "the rows of a report were changed by code that ran while they were made"
     if rows is None:  # refused: made again, with no callback
         rows = output.new_requests
     assert [row.request_id for row in rows] == list(range(64))
@@ -91,35 +107,25 @@ def test_pause_refuses_when_a_collection_replaces_the_ids_it_listed(backend):
         request = backend.Request(1, [1, 2, 3], num_layer_groups=2)
         for table in request.block_tables:
             table.extend([777001, 777002])
-        replaced, keep = [], []
-        seen = [0]
+        replaced, starts = [], [0]
 
-        def callback(phase, info):
-            if phase == "start":
-                seen[0] += 1
-                if seen[0] <= slack:
-                    return
-                found = gc.get_objects()
-                for item in found:
-                    if (type(item) is list and len(item) == 1 and type(item[0]) is list
-                            and item[0] == [777001, 777002] and item is not replaced):
-                        item[0] = (777001, 777002)
-                        replaced.append(1)
-                del found
-            else:
-                drain_list_free_list(keep)
+        def replace_the_first_list():
+            starts[0] += 1
+            if starts[0] <= slack:
+                return
+            found = gc.get_objects()
+            for item in found:
+                if (type(item) is list and len(item) == 1 and type(item[0]) is list
+                        and item[0] == [777001, 777002] and item is not replaced):
+                    item[0] = (777001, 777002)
+                    replaced.append(1)
+            del found
 
-        threshold = gc.get_threshold()
-        gc.callbacks.append(callback)
-        drain_list_free_list(keep)
-        gc.set_threshold(1)
-        try:
-            held, refused = request.pause(100), None
-        except RuntimeError as error:
-            held, refused = None, str(error)
-        finally:
-            gc.set_threshold(*threshold)
-            gc.callbacks.remove(callback)
+        with at_every_collection(replace_the_first_list):
+            try:
+                held, refused = request.pause(100), None
+            except RuntimeError as error:
+                held, refused = None, str(error)
         if refused is not None:
             assert "during pause: nothing was changed" in refused
             assert [table.tolist() for table in request.block_tables] == [[777001, 777002]] * 2

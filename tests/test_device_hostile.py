@@ -97,25 +97,3 @@ def test_previous_tokens_without_a_column_are_named(backend):
         preparer.prepare([], [], device_token_requests=[plain],
                          previous_new_tokens=torch.zeros((4, 0), dtype=torch.int32))
 
-
-def test_a_step_that_fails_after_its_copy_leaves_last_copy_bytes(backend):
-    """The device-side step fails after the copy was issued: the call is refused as a
-    whole, so ``last_copy_bytes`` still reports the last step that was prepared."""
-    preparer = InputPreparer(16, 4, block_size=4, max_blocks_per_seq=4, max_slots=4)
-    request = decoding(backend, 1, [10, 11, 12, 13, 14], [7, 8, 9], slot=2)
-    preparer.prepare([], [request])
-    copied = preparer.last_copy_bytes
-    request.block_tables[0].truncate(2)  # one entry to send (three before): a copy of another size
-    table = preparer.device_table
-    real_apply = table.apply
-
-    def failing_apply(*args):
-        raise RuntimeError("the device step failed")
-
-    table.apply = failing_apply
-    with pytest.raises(RuntimeError, match="the device step failed"):
-        preparer.prepare([], [request])
-    table.apply = real_apply
-    assert preparer.last_copy_bytes == copied
-    preparer.prepare([], [request])
-    assert preparer.last_copy_bytes != copied
