@@ -90,6 +90,37 @@ def test_previous_tokens_changed_by_code_the_call_runs_feed_the_rows_as_they_wer
     assert inputs.input_ids.tolist() == [53] and inputs.device_token_slots.tolist() == [3]
 
 
+def test_previous_tokens_whose_storage_shrinks_during_the_call_are_refused(backend):
+    """Code the call runs shrinks the storage the caller's tensor (and the call's alias of
+    it) lies in: the gather would read past it (torch checks indices against the shape
+    only). Refused, the ring where it was."""
+    preparer = InputPreparer(16, 4)
+    previous = torch.arange(1_000_000, dtype=torch.int32)
+    plain = decoding(backend, 3, [1, 2], [], slot=999_999)
+
+    def generation():
+        previous.untyped_storage().resize_(4)
+        yield from ()
+
+    with pytest.raises(RuntimeError, match="the memory of previous_new_tokens was resized by code that ran during"):
+        preparer.prepare([], generation(), device_token_requests=[plain], previous_new_tokens=previous)
+    assert preparer.last_copy_bytes == 0
+    inputs = preparer.prepare([], [], device_token_requests=[plain], previous_new_tokens=torch.arange(
+        1_000_000, dtype=torch.int32))
+    assert inputs.input_ids.tolist() == [999_999]
+
+
+def test_previous_tokens_that_share_memory_with_the_inputs_anywhere_are_refused(backend):
+    """The preparer's inputs reached through another tensor over the same memory, starting
+    further in (numpy's view of a field, made a tensor again): refused as well."""
+    preparer = InputPreparer(16, 4)
+    first = preparer.prepare([backend.Request(8, [60, 61, 62, 63])], [])
+    plain = decoding(backend, 3, [1, 2], [], slot=0)
+    inside = torch.from_numpy(first.input_ids.numpy()[1:])
+    with pytest.raises(ValueError, match="a view of this InputPreparer's own inputs"):
+        preparer.prepare([], [], device_token_requests=[plain], previous_new_tokens=inside)
+
+
 def test_previous_tokens_without_a_column_are_named(backend):
     preparer = InputPreparer(16, 4)
     plain = decoding(backend, 3, [1, 2], [], slot=0)

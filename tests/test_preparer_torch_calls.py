@@ -73,8 +73,12 @@ def test_device_tokens_add_one_gather_and_one_copy(backend):
     inputs, names = counted(preparer, [], device_token_requests=requests, previous_new_tokens=previous)
     # attribute reads checking previous_new_tokens: its dtype, ndim, both devices, the length
     # of the alias the rows read (previous[:]), and its storage (not the preparer's own);
-    # then the ids' slice of input_ids, the gather and the copy
-    assert names == ["__get__"] * 5 + ["__getitem__"] * 2 + ["copy_", "index_select", "untyped_storage"]
+    # right before the gather, that the alias still lies inside its storage (its offset,
+    # stride, length, item size and storage: host-side reads, no device op); then the ids'
+    # slice of input_ids, the gather and the copy
+    assert names == (["__get__"] * 7 + ["__getitem__"] * 2
+                     + ["copy_", "element_size", "index_select", "storage_offset", "stride"]
+                     + ["untyped_storage"] * 2)
     np.testing.assert_array_equal(inputs.input_ids.numpy(), np.arange(100, 108, dtype=np.int32))
 
 

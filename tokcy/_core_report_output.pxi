@@ -98,7 +98,7 @@ WIDE_PLACE[:] = [WIDE_REQUEST_IDS, -1, WIDE_POSITIONS, WIDE_SCHEDULED, WIDE_REPL
 
 @cython.final
 @cython.auto_pickle(False)  # a SchedulerOutput pickles its columns, never this
-@cython.no_gc  # holds numpy arrays, Storages and its list of them (no cycle): gc.get_referents hands out none
+@cython.no_gc  # holds numpy arrays and Storages, and its columns in a C array (no cycle): gc.get_referents hands out none
 cdef class ReportColumns:
     """The columns of one report, as slices of the arena's arrays, each made on its first
     read (a SchedulerOutput's column reads it here) and kept."""
@@ -121,8 +121,11 @@ cdef class ReportColumns:
 
     def __dealloc__(self):
         cdef Py_ssize_t index
+        cdef PyObject* column
         for index in range(12):
-            Py_XDECREF(self.made[index])
+            column = self.made[index]
+            self.made[index] = NULL  # (cleared before the reference goes, as Py_CLEAR does)
+            Py_XDECREF(column)
 
     cdef object wide(self):
         """The int64 array (None until first read if the arena's no longer showed the

@@ -567,7 +567,7 @@ cdef inline int append_to_beam(Request request, tuple beams, Int32Buffer buffer,
     began). Growing it can run Python code (a weakref callback as the old storage goes)
     that re-initialises the request: refused then, before anything is written, as the
     write would go to a beam the request no longer has."""
-    if not buffer.has_room(buffer.size, 1):
+    while not buffer.has_room(buffer.size, 1):  # (the code may also have grown or shared it)
         buffer.reserve(buffer.size, 1)
         if request._beams is not beams:
             _invariants.changed_during(call, "re-initialised")

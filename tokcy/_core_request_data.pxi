@@ -355,7 +355,7 @@ def request_rows(output):
     cdef tuple rows = PyTuple_New(columns.batch)
     cdef RequestData data
     for row in range(columns.batch):
-        data = RequestData.__new__(RequestData)  # untracked, from the free list: no collection runs here
+        data = RequestData.__new__(RequestData)  # no_gc: making one starts no collection
         data.columns = columns
         data.row = row
         Py_INCREF(data)  # PyTuple_SET_ITEM steals the reference

@@ -183,8 +183,8 @@ def missing_block(request_id, group, position, block, num_blocks):
     """``position``: the first of the sequence's positions without a block; ``block``: the
     last block its rows need."""
     raise ValueError(
-        f"request {request_id} group {group}: its rows need {block + 1} blocks, but its block table holds only "
-        f"{num_blocks} (position {position} has none)"
+        f"request {request_id} group {group}: its rows need {block + 1} block{'s' if block else ''}, but its block "
+        f"table holds only {num_blocks} (position {position} has none)"
     )
 
 

@@ -459,7 +459,7 @@ class Request:
         began). Growing it can run Python code (a weakref callback as the old storage goes)
         that re-initialises the request: refused then, before anything is written, as the
         write would go to a beam the request no longer has."""
-        if not buffer.has_room(buffer.size, 1):
+        while not buffer.has_room(buffer.size, 1):  # (the code may also have grown or shared it)
             buffer.room(buffer.size, 1)
             if self._beams is not beams:
                 _invariants.changed_during(call, "re-initialised")
@@ -597,7 +597,6 @@ class Request:
         # every new value first: the writes below allocate nothing, so a failure changes nothing
         block_tables, prompt_before = self._block_tables, self._prompt_len
         held = [table._buffer.tolist(table._num_released, table._buffer.size) for table in block_tables]
-        listed = iter(list(zip(block_tables, held)))  # (for the check below, which allocates nothing tracked)
         prompt_len, max_new_tokens = self._prompt_len, self._max_new_tokens
         if len(self._beams) == 1:
             prompt_len = min(max_input_len, self._beams[0].size)
@@ -608,18 +607,23 @@ class Request:
         num_pauses = self._num_pauses + 1
         beams, tables = iter(self._beams), iter(block_tables)  # (a loop makes its iterator: made here)
         # code that ran meanwhile (a collection's callbacks, which only an allocation of a
-        # tracked object starts) may have changed a table: the ids it added would be dropped
-        # below without being returned. Every id is compared with its list, as the compiled
-        # twin does, making nothing tracked (numpy scalars, ints, ranges are not)
-        changed = self._block_tables is not block_tables or self._prompt_len != prompt_before
-        for table, ids in listed:
+        # tracked object starts) may have changed a table, whose added ids would be dropped
+        # below without being returned, or the lists themselves (gc.get_objects finds them).
+        # The lists are read as they are now, by the compiled twin's rules (a list per
+        # table, of ints equal to its ids), making nothing tracked (numpy scalars, ints and
+        # ranges are not)
+        changed = (self._block_tables is not block_tables or self._prompt_len != prompt_before
+                   or len(held) != len(block_tables))
+        for group in range(0 if changed else len(block_tables)):
+            table, ids = block_tables[group], held[group]
             buffer, begin = table._buffer, table._num_released
             storage = buffer.storage
-            if buffer.size - begin != len(ids):
+            if type(ids) is not list or buffer.size - begin != len(ids):
                 changed = True
-                continue
+                break
             for index in range(len(ids)):
-                if storage[begin + index] != ids[index]:
+                item = ids[index]
+                if type(item) is not int or storage[begin + index] != item:
                     changed = True
                     break
         if changed:

@@ -90,6 +90,17 @@ def _packed_layout(max_num_tokens, max_batch_size, max_draft_len, num_groups=0):
 _MAX_CACHED_VIEWS = 4096  # per cache of views (per field, the copies'); their sizes are bounded anyway
 
 
+def check_still_holds(tokens):
+    """RuntimeError unless ``tokens`` (a 1-D tensor) still lies inside its storage: code a
+    call ran may have resized the storage it shares with the caller's tensor
+    (``untyped_storage().resize_()``), and torch's gather checks the indices against the
+    tensor's shape, never its storage."""
+    end = tokens.storage_offset() + (tokens.shape[0] - 1) * tokens.stride(0) + 1 if tokens.shape[0] else 0
+    if tokens.untyped_storage().nbytes() < end * tokens.element_size():
+        raise RuntimeError("the memory of previous_new_tokens was resized by code that ran during prepare: "
+                           "its tokens are no longer there")
+
+
 class DeviceInputs:
     """One iteration's inputs on the device: torch views (exactly the used length) of the
     preparer's persistent device tensors, with the same names as ``PreparedInputs``, plus
@@ -166,7 +177,7 @@ class InputPreparer:
     "dense" (``block_table``), "csr" (``kv_indices``), both (the default) or none (``()``);
     a model reads one, and each costs device ops every step. A table not gathered reads
     None in the returned inputs.
-    ``last_copy_bytes``: the bytes the last ``prepare`` copied host-to-device. What it is
+    ``last_copy_bytes``: the bytes the last ``prepare`` that succeeded copied host-to-device. What it is
     made with (the sizes, ``device``, ``block_sizes``, ``tensors``, the device table) is
     read-only.
     """
@@ -215,6 +226,7 @@ class InputPreparer:
         self._device_packed = device_zeros(torch, max(total, 2), torch.int32, self._device)
         self._device_packed_int64 = self._device_packed.view(torch.int64)  # the changed entries' indices
         self._device_packed_address = self._device_packed.data_ptr()  # fixed: CUDA graphs may capture it
+        self._device_packed_bytes = self._device_packed.untyped_storage().nbytes()
         # read-only: every DeviceInputs' views are made from these
         self._tensors = MappingProxyType({name: self._field(self._device_packed, name) for name in ARRAY_FIELDS})
         self._views = {name: {} for name in ARRAY_FIELDS}
@@ -346,7 +358,9 @@ class InputPreparer:
                 if counts[10]:  # device-token rows: their ids from the previous step's tokens
                     inputs._host = written_inputs(self._host[slot], counts, results, self._block_sizes)
                     start = counts[6]  # device_token_row_start
-                    tokens = previous.index_select(0, self._view("device_token_slots", counts[10]))
+                    slots = self._view("device_token_slots", counts[10])
+                    check_still_holds(previous)  # (nothing runs Python code from here to the gather)
+                    tokens = previous.index_select(0, slots)
                     self._tensors["input_ids"][start : start + counts[10]].copy_(tokens)
                 if results is not None:
                     # scatter the changed entries into the device table and gather the batch's
@@ -385,8 +399,10 @@ class InputPreparer:
             raise ValueError("previous_new_tokens has no column (its shape is (n, 0)): column 0 holds the tokens")
         if previous.device != self._device_packed.device:
             raise ValueError(f"previous_new_tokens is on {previous.device}, the inputs on {self._device}")
-        if previous.untyped_storage().data_ptr() == self._device_packed_address:
-            # the step's copy overwrites that buffer before the rows read it
+        storage = previous.untyped_storage()
+        start = storage.data_ptr()
+        if start < self._device_packed_address + self._device_packed_bytes and self._device_packed_address < (
+                start + storage.nbytes()):  # shares the memory the step's copy overwrites before the rows read it
             raise ValueError("previous_new_tokens is a view of this InputPreparer's own inputs, which this step "
                              "overwrites before reading it: pass the model's output tokens (or a copy)")
         # an alias of our own: the caller's tensor may be resized or set_() to other memory by
