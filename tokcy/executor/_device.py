@@ -90,7 +90,7 @@ def _packed_layout(max_num_tokens, max_batch_size, max_draft_len, num_groups=0):
 _MAX_CACHED_VIEWS = 4096  # per cache of views (per field, the copies'); their sizes are bounded anyway
 
 
-def check_still_holds(tokens):
+def _check_still_holds(tokens):
     """RuntimeError unless ``tokens`` (a 1-D tensor) still lies inside its storage: code a
     call ran may have resized the storage it shares with the caller's tensor
     (``untyped_storage().resize_()``), and torch's gather checks the indices against the
@@ -359,7 +359,7 @@ class InputPreparer:
                     inputs._host = written_inputs(self._host[slot], counts, results, self._block_sizes)
                     start = counts[6]  # device_token_row_start
                     slots = self._view("device_token_slots", counts[10])
-                    check_still_holds(previous)  # (nothing runs Python code from here to the gather)
+                    _check_still_holds(previous)  # (nothing runs Python code from here to the gather)
                     tokens = previous.index_select(0, slots)
                     self._tensors["input_ids"][start : start + counts[10]].copy_(tokens)
                 if results is not None:
