@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from tokcy import RequestState
 from tokcy.connector import SchedulerOutputManager
 from tokcy.connector.output import COLUMNS
 
@@ -173,3 +174,35 @@ def test_a_single_beam_append_whose_growth_runs_harmless_code_appends(backend):
     del view
     assert request.add_new_tokens([99]) == 17 and state["ran"]
     assert request.get_tokens(0) == list(range(16)) + [99]
+
+
+@pytest.mark.parametrize("copy_with", ["pickle", "copy", "deepcopy"])
+def test_a_request_copied_while_a_collection_reinitialises_it_is_one_of_its_states(backend, copy_with):
+    """A request's state is read field after field, allocating lists between them: a
+    collection started there whose callback re-initialises the request made a copy that
+    mixed the two (the old tokens with the new prompt length, or a ValueError when the new
+    prompt was longer). The state is read with the collector paused: the copy is the
+    request before the callback or after it, never a mix."""
+    import copy
+    import pickle
+
+    copies = {"pickle": lambda item: pickle.loads(pickle.dumps(item)), "copy": copy.copy, "deepcopy": copy.deepcopy}
+    before = ([list(range(41))], 40, RequestState.GENERATION_IN_PROGRESS, [[1, 2, 3]] * 2)
+    after = ([[9, 9, 9]] * 2, 3, RequestState.CONTEXT_INIT, [[], []])
+    for slack in range(12):
+        request = backend.Request(1, list(range(40)), num_layer_groups=2)
+        request.state = RequestState.GENERATION_IN_PROGRESS
+        request.add_new_token(40)
+        for table in request.block_tables:
+            table.extend([1, 2, 3])
+        starts = [0]
+
+        def reinitialise():
+            starts[0] += 1
+            if starts[0] == slack + 1:
+                request.__init__(1, [9, 9, 9], beam_width=2, num_layer_groups=2)
+
+        with at_every_collection(reinitialise):
+            copied = copies[copy_with](request)
+        state = (copied.get_tokens(), copied.prompt_len, copied.state, [table.tolist() for table in copied.block_tables])
+        assert state in (before, after), (slack, state)

@@ -351,3 +351,27 @@ def test_columns_made_by_hand_hold_no_report(backend):
     if is_compiled(backend):
         assert str(raised.value) == ("this ReportColumns holds no report: a SchedulerOutputManager's report "
                                      "makes them")
+
+
+
+
+@pytest.mark.backend_free("the compiled core's own memory: the twin's columns are numpy's arrays, which such a "
+                          "__setstate__ frees under their views (docs/invariants.md)")
+def test_rows_made_after_a_column_base_got_memory_of_its_own_read_the_report(monkeypatch):
+    """``__setstate__`` on the array behind a report's columns gives it memory of its own
+    (numpy copies the pickled bytes), and a second one frees that memory whatever exports
+    of it exist. Rows made between the two read the report as it was written, from the
+    memory the report holds (they read the array's memory, freed by then)."""
+    from tests.conftest import compiled_backend
+    from tokcy import _backend
+
+    backend = compiled_backend()
+    monkeypatch.setattr(_backend, "module", backend)  # the manager's backend, whichever is live
+    manager = SchedulerOutputManager()
+    output = manager.build_scheduler_output([backend.Request(index, list(range(50))) for index in range(200)], [])
+    root = output.request_ids.base
+    count = root.shape[0]
+    root.__setstate__((1, (count,), np.dtype(np.int64), False, np.arange(count, dtype=np.int64).tobytes()))
+    rows = output.requests
+    root.__setstate__((1, (4 * count,), np.dtype(np.int64), False, np.full(4 * count, 7, np.int64).tobytes()))
+    assert [(row.request_id, row.new_tokens) for row in rows] == [(index, list(range(50))) for index in range(200)]

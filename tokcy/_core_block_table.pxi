@@ -1,6 +1,12 @@
 # BlockTable (compiled core) and the conversions of Python values to token and block ids
 # that it and Request share. Same behaviour and errors as tokcy/_pure/request.py.
 
+cdef extern from "Python.h":
+    # (Python 3.10+) pause and resume the garbage collector; each says whether it was enabled
+    int PyGC_Disable()
+    int PyGC_Enable()
+
+
 cdef inline int32_t token_arg(object value, str name, str kind="token") except? -1:
     """An int32 token id (``kind`` "block": a block id) from a Python object; the shared
     Python check on the slow path."""
@@ -77,11 +83,17 @@ Growable int32 list of the KV-cache block ids assigned to one request (one layer
             _pickle.restore_subclass_attributes(self, BlockTable, attributes)
 
     def __reduce__(self):
-        # the table's own fields, never a subclass's methods or properties
-        cls = None if type(self) is BlockTable else type(self)
-        state = (cls, self._buffer.tolist(0, self._buffer.size), self._buffer.num_released, self._buffer.dirty_from,
-                 self._buffer.table_dirty_from)
-        attributes = None if cls is None else _pickle.subclass_attributes(self, BlockTable)
+        # the table's own fields, never a subclass's methods or properties, read with the
+        # collector paused (_pickle.read_whole: no callback changes the table between them)
+        cdef bint was_enabled = PyGC_Disable()
+        try:
+            cls = None if type(self) is BlockTable else type(self)
+            state = (cls, self._buffer.tolist(0, self._buffer.size), self._buffer.num_released,
+                     self._buffer.dirty_from, self._buffer.table_dirty_from)
+            attributes = None if cls is None else _pickle.subclass_attributes(self, BlockTable)
+        finally:
+            if was_enabled:
+                PyGC_Enable()
         return (_pickle.restore_block_table, state if attributes is None else state + (attributes,))
 
     def __repr__(self):

@@ -174,7 +174,13 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
 
     def __reduce__(self):
         cls = None if type(self) is Request else type(self)
-        return (_pickle.restore_request, (cls, self._state_dict()))
+        cdef bint was_enabled = PyGC_Disable()  # as _pickle.read_whole: the fields of one state
+        try:
+            state = self._state_dict()
+        finally:
+            if was_enabled:
+                PyGC_Enable()
+        return (_pickle.restore_request, (cls, state))
 
     def __repr__(self):
         return _repr.request_repr(type(self).__name__, self)

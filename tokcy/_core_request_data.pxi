@@ -3,18 +3,18 @@
 #
 # A row is its report's RowColumns and its row number. A whole report's rows cost one
 # small object each, from a free list and untracked by the garbage collector, so a
-# consumer pays only for the values it reads. RowColumns holds a buffer export of every
-# column it reads, so no column is freed under it, and nothing it holds can lead back to
-# a row (no cycle, hence no need of the collector):
-# - a manager's report: the three arrays the manager wrote (exact arrays, no attributes).
-#   Their reference counts keep the manager from reusing them while a row lives, and the
-#   memory they show is the arena's Storages, which the row holds too: numpy frees none of
-#   it (no resize or __setstate__ of an array can), so no export is left pointing at freed
-#   memory. Whoever
-#   holds a column can still write into it, so every read checks each offset it follows
-#   against the length of the column it indexes before it reads there.
-# - an output made by hand: a private copy of each column, made and checked when the
-#   rows are made (so its values cannot change after the check).
+# consumer pays only for the values it reads. RowColumns holds the memory of every column
+# it reads, so none is freed under it, and nothing it holds can lead back to a row (no
+# cycle, hence no need of the collector):
+# - a manager's report: the three Storages the manager wrote, read directly (the report
+#   holds them, and this holds the report). Never through the arrays over them: a caller's
+#   __setstate__ can give such an array memory of its own, which a second one frees
+#   whatever exports it has. The report holds the manager's arrays too, so their reference
+#   counts keep the manager from writing the next report into that memory while a row
+#   lives. Whoever holds a column can still write into it, so every read checks each
+#   offset it follows against the length of the column it indexes before it reads there.
+# - an output made by hand: a private copy of each column, made, exported and checked when
+#   the rows are made (so its values cannot change after the check).
 
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_New, PyTuple_SET_ITEM
@@ -136,15 +136,22 @@ cdef class RowColumns:
         return 0
 
     cdef int export_report(self, ReportColumns report) except -1:
-        """Export a manager's report: its three arrays, the columns at ``arrays()``' places."""
-        cdef Py_ssize_t b = report.batch, s = report.num_segments, num_wide, num_narrow, num_flags
+        """A manager's report: the memory it was written into (its three Storages, held
+        through ``self.report``), the columns at ``arrays()``' places."""
+        cdef Py_ssize_t b = report.batch, s = report.num_segments
         cdef WideLayout at = wide_layout(b, s)
-        self.report = report  # first: nothing frees the memory they show from here on
-        cdef const int64_t* wide = <const int64_t*>self.export(report.wide(), 8, b"i"[0], &num_wide)
-        cdef const int32_t* narrow = <const int32_t*>self.export(report.narrow(), 4, b"i"[0], &num_narrow)
-        self.is_new = <const unsigned char*>self.export(report.flags(), 1, b"?"[0], &num_flags)
-        if num_wide < at.start[NUM_WIDE] or num_narrow < report.num_tokens + report.num_blocks or num_flags < b:
-            raise ValueError(_request_data.CHANGED)  # the arena sized them: someone reshaped one since
+        cdef Storage wide_memory = report.written(report.int64_memory)
+        cdef Storage narrow_memory = report.written(report.int32_memory)
+        cdef Storage flags_memory = report.written(report.bool_memory)
+        # the arena sized each Storage for the report (a Storage never changes its size)
+        debug_assert(storage_length(wide_memory) >= at.start[NUM_WIDE] * <Py_ssize_t>sizeof(int64_t))
+        debug_assert(storage_length(narrow_memory)
+                     >= (report.num_tokens + report.num_blocks) * <Py_ssize_t>sizeof(int32_t))
+        debug_assert(storage_length(flags_memory) >= b)
+        self.report = report
+        cdef const int64_t* wide = <const int64_t*>wide_memory.data
+        cdef const int32_t* narrow = <const int32_t*>narrow_memory.data
+        self.is_new = <const unsigned char*>flags_memory.data
         self.batch = b
         self.request_ids = wide + at.start[WIDE_REQUEST_IDS]
         self.positions = wide + at.start[WIDE_POSITIONS]

@@ -76,10 +76,14 @@ class ReportState:
     __slots__ = ("_busy", "_num_allocations", "_slots")
     __reduce__ = _invariants.refuse_pickling  # as the compiled twin (the requests' marks are part of its state)
 
-    def __init__(self):
+    def __new__(cls):
+        # set up here, not in __init__: __init__ called again (on a state found through the
+        # collector) changes nothing, as on the compiled twin, which clears no state mid-build
+        self = super().__new__(cls)
         self._slots = {}  # request id -> _Slot
         self._busy = False  # a build() is running (the compiled twin releases the GIL in it)
         self._num_allocations = [0]  # numpy arrays made for reports so far, shared with their ReportColumns
+        return self
 
     def build(self, context_requests, generation_requests, device_token_requests=()):
         """Report one iteration; returns the report's columns: a ``ReportColumns``, whose

@@ -68,6 +68,9 @@ class BlockTable:
             _pickle.restore_subclass_attributes(self, BlockTable, attributes)
 
     def __reduce__(self):
+        return _pickle.read_whole(self._reduce)
+
+    def _reduce(self):
         # the table's own fields, never a subclass's methods or properties
         cls = None if type(self) is BlockTable else type(self)
         state = (cls, self._buffer.tolist(0, self._buffer.size), self._num_released, self._buffer.dirty_from,
@@ -282,7 +285,7 @@ class Request:
 
     def __reduce__(self):
         cls = None if type(self) is Request else type(self)
-        return (_pickle.restore_request, (cls, self._state_dict()))
+        return (_pickle.restore_request, (cls, _pickle.read_whole(self._state_dict)))
 
     def __repr__(self):
         return _repr.request_repr(type(self).__name__, self)
