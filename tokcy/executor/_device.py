@@ -354,7 +354,18 @@ class InputPreparer:
                 inputs._metadata = None
                 results = None if metadata is None else metadata.results()  # (.., .., changed table entries, ..)
                 inputs._host = (self._host[slot], results)  # DeviceInputs.host is made from them when read
-                deltas, copied = self._copy(slot, counts[3], 0 if results is None else results[2])
+                # the one copy of the staging buffer's used prefix (a cached view pair per
+                # (tokens, changed table entries)) to the device buffer
+                key = (counts[3], 0 if results is None else results[2])
+                target, sources, deltas, copied = self._copies.get(key) or self._new_copy(key)
+                if self._host_copy:
+                    target[:] = sources[slot]
+                else:
+                    target.copy_(sources[slot], non_blocking=self._is_cuda)
+                if self._events is not None:
+                    # the copy runs on the inputs' device's current stream: fence that stream
+                    self._events[slot].record(self._torch.cuda.current_stream(self._device_packed.device))
+                    self._recorded[slot] = True
                 if counts[10]:  # device-token rows: their ids from the previous step's tokens
                     inputs._host = written_inputs(self._host[slot], counts, results, self._block_sizes)
                     start = counts[6]  # device_token_row_start
@@ -409,22 +420,6 @@ class InputPreparer:
         # code this call runs (a batch's generator, a collection's callback) after its length
         # bounded the slots pass 1 accepts
         return previous[:, 0] if ndim == 2 else previous[:]
-
-    def _copy(self, slot, num_tokens, num_changed):
-        """Issue the one copy of staging buffer ``slot``'s used prefix (``num_tokens`` input
-        ids, ``num_changed`` table entries after them) to the device buffer; returns (where
-        the changed entries start in it, the bytes copied)."""
-        key = (num_tokens, num_changed)
-        target, sources, deltas, copied = self._copies.get(key) or self._new_copy(key)
-        if self._host_copy:
-            target[:] = sources[slot]
-        else:
-            target.copy_(sources[slot], non_blocking=self._is_cuda)
-        if self._events is not None:
-            # the copy runs on the inputs' device's current stream: fence that stream
-            self._events[slot].record(self._torch.cuda.current_stream(self._device_packed.device))
-            self._recorded[slot] = True
-        return deltas, copied
 
     def _staging_writers(self, slot):
         """(the live backend, staging buffer ``slot``'s InputWriter, the AttentionMetadata it
