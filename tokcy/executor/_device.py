@@ -177,9 +177,9 @@ class InputPreparer:
     "dense" (``block_table``), "csr" (``kv_indices``), both (the default) or none (``()``);
     a model reads one, and each costs device ops every step. A table not gathered reads
     None in the returned inputs.
-    ``last_copy_bytes``: the bytes the last ``prepare`` that succeeded copied host-to-device. What it is
-    made with (the sizes, ``device``, ``block_sizes``, ``tensors``, the device table) is
-    read-only.
+    ``last_copy_bytes``: the bytes the last ``prepare`` that succeeded copied host-to-device.
+    What it is made with (the sizes, ``device``, ``block_sizes``, ``tensors``, the device
+    table) is read-only.
     """
 
     def __init__(self, max_num_tokens, max_batch_size, *, max_draft_len=0, max_beam_width=1, device="cpu",

@@ -45,7 +45,7 @@ def device_zeros(torch, shape, dtype, device):
     where torch would allow it: on the CPU it is numpy's memory (``torch.from_numpy``
     makes tensors whose storage is not resizable), so no one holding a view of a
     persistent tensor can shrink the memory that the preparer's copies, scatters and
-    gathers write. (A CUDA tensor's storage stays resizable: docs/invariants.md.)"""
+    gathers write. (A CUDA tensor's storage stays resizable: docs/executor.md.)"""
     if torch.device(device).type == "cpu":
         numpy_dtype = {torch.int32: np.int32, torch.int64: np.int64}[dtype]
         return torch.from_numpy(np.zeros(shape, dtype=numpy_dtype))

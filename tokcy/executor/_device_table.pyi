@@ -11,7 +11,9 @@ from tokcy.executor._metadata import MetadataBuffers
 DEVICE_TABLES: tuple[str, str]
 
 def device_tables_arg(value: str | Iterable[str] | None) -> tuple[str, ...]: ...
-def device_zeros(torch: Any, shape: int | tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor: ...
+def device_zeros(
+    torch: Any, shape: int | tuple[int, ...], dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor: ...
 
 class DeviceBlockTable:
     tables: tuple[str, ...]
