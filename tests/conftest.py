@@ -82,7 +82,7 @@ def pytest_collection_modifyitems(config, items):
 import importlib.util  # noqa: E402
 import re  # noqa: E402
 
-_EXTRAS = {"torch": "tokcy[torch]", "matplotlib": "tokcy[bench]"}
+_EXTRAS = {"torch": "torch==2.13.0", "matplotlib": "tokcy[bench]"}
 _MISSING = {name for name in _EXTRAS if importlib.util.find_spec(name) is None}
 _NOT_COLLECTED = {}
 

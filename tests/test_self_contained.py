@@ -97,3 +97,21 @@ def test_the_scan_covers_the_package_readme_docs_tests_and_asv_benchmarks():
             "tokcy/bench/_floor.c", "tokcy/bench/report.py", "tests/conftest.py", "tests/list_model.py",
             "asv_bench/asv.conf.json", "asv_bench/benchmarks/bench_executor.py"} <= names
     assert "tests/test_self_contained.py" not in names
+
+
+@needs_sources
+@pytest.mark.backend_free("reads the sources and a doc as text")
+def test_the_architecture_page_maps_every_module_of_the_package():
+    """docs/architecture.md's tables name each module of the core, the twin, the shared helpers
+    and the public packages by its path (as its table gives it): a module added or renamed
+    without its line in the map fails here."""
+    design = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    mapped = set(re.findall(r"^\| `([\w/.]+)` \|", design, re.MULTILINE))
+    package = ROOT / "tokcy"
+    modules = {path.name for path in package.glob("_core_*.pxi")}
+    modules |= {path.name for path in package.glob("*.py")}
+    modules |= {path.name for path in (package / "_pure").glob("*.py") if path.name != "__init__.py"}
+    modules |= {f"{sub}/{path.name}" for sub in ("executor", "connector")
+                for path in (package / sub).glob("*.py") if path.name != "__init__.py"}
+    assert sorted(modules - mapped) == []
+    assert sorted(mapped - modules) == []  # and no line for a module that is gone

@@ -84,7 +84,7 @@ def attention_metadata() -> None:
     assert group.block_table is not None and group.block_table.tolist() == [[7, 9]]
     try:
         import torch
-    except ImportError:  # the preparer needs torch (pip install 'tokcy[torch]')
+    except ImportError:  # the preparer needs torch (pip install torch==2.13.0)
         return
     preparer = InputPreparer(64, 8, block_size=4, max_blocks_per_seq=4)
     assert_type(preparer.last_copy_bytes, int)
