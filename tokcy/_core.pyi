@@ -5,7 +5,9 @@ compiled core and in the pure-Python twin.
 """
 
 from types import ModuleType
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence, SupportsIndex, TypeAlias, final, overload
+from typing import (
+    Any, Callable, ClassVar, Iterable, Iterator, Sequence, SupportsIndex, TypeAlias, TypeVar, final, overload
+)
 
 import numpy as np
 import numpy.typing as npt
@@ -118,6 +120,10 @@ class Request:
     def pause(self, max_input_len: SupportsIndex) -> list[list[int]]: ...
 
 # ---------------------------------------------------- input preparation (tokcy.executor)
+# what InputWriter.write and prepare return (their docstrings name each count)
+_WriterCounts: TypeAlias = tuple[int, int, int, int, int, int, int, int, int, int, int]
+_Result = TypeVar("_Result")
+
 @final
 class InputWriter:
     """The one-pass input-preparation loop; ``tokcy.executor.prepare_inputs`` is its public face.
@@ -154,9 +160,11 @@ class InputWriter:
         block_sizes: tuple[int, ...] | None = None,
         device_slots: int | None = None,
     ) -> tuple[int, int, int, int, int, int]: ...
-    def write(self) -> tuple[int, int, int, int, int, int, int, int, int, int, int]: ...
+    def write(self) -> _WriterCounts: ...
     def set_metadata(self, metadata: AttentionMetadata | None) -> None: ...
     def planned_blocks(self) -> tuple[int, tuple[int, ...]]: ...
+    # make_result: called with the counts before the busy guard drops; prepare returns what it returns
+    @overload
     def prepare(
         self,
         context_requests: Iterable[Request],
@@ -168,7 +176,24 @@ class InputWriter:
         max_beam_width: int,
         block_sizes: tuple[int, ...] | None = None,
         device_slots: int | None = None,
-    ) -> tuple[int, int, int, int, int, int, int, int, int, int, int]: ...
+        *,
+        make_result: None = None,
+    ) -> _WriterCounts: ...
+    @overload
+    def prepare(
+        self,
+        context_requests: Iterable[Request],
+        generation_requests: Iterable[Request],
+        first_draft_requests: Iterable[Request],
+        device_token_requests: Iterable[Request],
+        max_draft_len: int,
+        cuda_graph_batch_sizes: Iterable[SupportsIndex] | None,
+        max_beam_width: int,
+        block_sizes: tuple[int, ...] | None = None,
+        device_slots: int | None = None,
+        *,
+        make_result: Callable[[_WriterCounts], _Result],
+    ) -> _Result: ...
 
 def prepare_inputs_entry(
     python_prepare_inputs: Callable[..., Any], host_buffers: type, prepared_inputs: type, backend_choice: ModuleType

@@ -488,24 +488,30 @@ cdef class InputWriter:
 
     def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
                 Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes=None,
-                device_slots=None):
+                device_slots=None, *, make_result=None):
         """plan() then write(), in one call, under one busy guard. ``block_sizes``: a tuple,
         one block size per layer group, to write the attention metadata too (``set_metadata``
-        first); ``device_slots`` as plan()'s."""
-        return self._prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                             max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes,
-                             -1 if device_slots is None else _checks.device_slots_arg(device_slots))
-
-    cdef tuple _prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-                        Py_ssize_t max_draft_len, cuda_graph_batch_sizes, Py_ssize_t max_beam_width, block_sizes,
-                        Py_ssize_t device_slots=-1):
+        first); ``device_slots`` as plan()'s. ``make_result``: called with the counts before
+        the guard drops, and what it returns is returned instead of them, so that what it
+        reads (the arrays, the metadata's ``results()``) is this call's."""
+        cdef Py_ssize_t slots = -1 if device_slots is None else _checks.device_slots_arg(device_slots)
         self._enter()
         try:
-            self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                       max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, False, device_slots)
-            return self._write()
+            counts = self._plan_and_write(context_requests, generation_requests, first_draft_requests,
+                                          device_token_requests, max_draft_len, cuda_graph_batch_sizes, max_beam_width,
+                                          block_sizes, slots)
+            return counts if make_result is None else make_result(counts)
         finally:
             self._leave()
+
+    cdef tuple _plan_and_write(self, context_requests, generation_requests, first_draft_requests,
+                               device_token_requests, Py_ssize_t max_draft_len, cuda_graph_batch_sizes,
+                               Py_ssize_t max_beam_width, block_sizes, Py_ssize_t device_slots):
+        """prepare()'s two passes, for a caller that holds the busy guard (_enter) until it
+        has made what it returns from the counts."""
+        self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                   max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, False, device_slots)
+        return self._write()
 
     cdef int _enter(self) except -1:
         """The busy guard: taken before any caller iterable is consumed (and before any

@@ -67,18 +67,25 @@ def prepare_inputs(context_requests=MISSING, generation_requests=MISSING, *more_
         if type(found) is InputWriter:
             writer = <InputWriter>found
             max_beam_width = out._max_beam_width
-            counts = writer._prepare(context_requests, generation_requests, first_draft_requests,
-                                     device_token_requests, max_draft_len, cuda_graph_batch_sizes,
-                                     0 if max_beam_width is None else max_beam_width, sizes)
-            # PreparedInputs(out.arrays, counts), without its __init__ call (prepare_into's too)
-            arrays = out._arrays
-            prepared = new_object(PREPARED_INPUTS)
-            prepared._arrays = arrays
-            prepared._counts = counts
-            prepared._metadata = None
-            prepared._views = [None] * len(arrays)
-            if sizes is not None:
-                prepared._set_metadata(metadata, (<AttentionMetadata>meta).results(), sizes)
+            # the writer's guard held until the inputs are made: a call that got in before
+            # (a collection's callback at one of their allocations) would rewrite the rows
+            # and the metadata these counts and results describe
+            writer._enter()
+            try:
+                counts = writer._plan_and_write(context_requests, generation_requests, first_draft_requests,
+                                                device_token_requests, max_draft_len, cuda_graph_batch_sizes,
+                                                0 if max_beam_width is None else max_beam_width, sizes, -1)
+                # PreparedInputs(out.arrays, counts), without its __init__ call (prepare_into's too)
+                arrays = out._arrays
+                prepared = new_object(PREPARED_INPUTS)
+                prepared._arrays = arrays
+                prepared._counts = counts
+                prepared._metadata = None
+                prepared._views = [None] * len(arrays)
+                if sizes is not None:
+                    prepared._set_metadata(metadata, (<AttentionMetadata>meta).results(), sizes)
+            finally:
+                writer._leave()
             return prepared
     if PYTHON_PREPARE_INPUTS is None:
         raise RuntimeError("tokcy._core._prepare_inputs is not bound: call tokcy.executor.prepare_inputs")

@@ -363,10 +363,13 @@ class InputWriter:
             raise
 
     def prepare(self, context_requests, generation_requests, first_draft_requests, device_token_requests,
-                max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes=None, device_slots=None):
+                max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes=None, device_slots=None, *,
+                make_result=None):
         """plan() then write(), in one call, under one busy guard. ``block_sizes``: a tuple,
         one block size per layer group, to write the attention metadata too (``set_metadata``
-        first); ``device_slots`` as plan()'s."""
+        first); ``device_slots`` as plan()'s. ``make_result``: called with the counts before
+        the guard drops, and what it returns is returned instead of them, so that what it
+        reads (the arrays, the metadata's ``results()``) is this call's."""
         max_draft_len = as_index(max_draft_len)
         max_beam_width = as_index(max_beam_width)
         device_slots = _checks.device_slots_arg(device_slots)
@@ -374,7 +377,8 @@ class InputWriter:
         try:
             self._plan(context_requests, generation_requests, first_draft_requests, device_token_requests,
                        max_draft_len, cuda_graph_batch_sizes, max_beam_width, block_sizes, device_slots)
-            return self._write()
+            counts = self._write()
+            return counts if make_result is None else make_result(counts)
         finally:  # the guard dropped inline: an asynchronous exception (Ctrl-C) lands at a call, not here
             self._busy = False
             if self._metadata is not None:

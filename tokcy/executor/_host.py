@@ -364,13 +364,20 @@ def prepare_into(out, module, context_requests, generation_requests, first_draft
     """``prepare_inputs(..., out=out)`` with its arguments already checked (``sizes_per_group``:
     a tuple of block sizes or None)."""
     writer = out._writers.get(module) or out.writer(module)
-    counts = writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
-                            max_draft_len, cuda_graph_batch_sizes, out.max_beam_width or 0, sizes_per_group)
-    results = None
-    if sizes_per_group is not None:
-        metadata = out.metadata
-        results = (metadata._writers.get(module) or metadata.bound(module)).results()  # bound()'s cache first
-    return written_inputs(out, counts, results, sizes_per_group)
+
+    def inputs_of(counts):
+        # made while the writer still holds its guard (and its metadata's): a call that got
+        # in before (a collection's callback at an allocation here) would rewrite the rows
+        # and the metadata these counts and results describe
+        results = None
+        if sizes_per_group is not None:
+            metadata = out.metadata
+            results = (metadata._writers.get(module) or metadata.bound(module)).results()  # bound()'s cache first
+        return written_inputs(out, counts, results, sizes_per_group)
+
+    return writer.prepare(context_requests, generation_requests, first_draft_requests, device_token_requests,
+                          max_draft_len, cuda_graph_batch_sizes, out.max_beam_width or 0, sizes_per_group,
+                          make_result=inputs_of)
 
 
 def written_inputs(out, counts, results, sizes_per_group):
