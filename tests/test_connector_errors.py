@@ -249,3 +249,20 @@ def test_the_lists_are_read_after_a_later_group_is_iterated(backend):
     output = manager.build_scheduler_output(context, generation())
     assert output.request_ids.tolist() == [2] and output.num_context_requests == 0
     assert manager.build_scheduler_output([first], []).tokens.tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("group", ["context_requests", "generation_requests", "device_token_requests"])
+def test_a_group_that_is_not_iterable_is_named(backend, group):
+    """A single Request where a list of them goes: a TypeError naming the argument, worded
+    alike on both backends; the manager tracks nothing and the request's marks stay."""
+    manager = SchedulerOutputManager()
+    request = backend.Request(1, [5, 6, 7])
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    groups = {"context_requests": [], "generation_requests": []}
+    groups[group] = request
+    with pytest.raises(TypeError) as caught:
+        manager.build_scheduler_output(**groups)
+    assert str(caught.value) == f"{group} must be a list (or another iterable) of Requests, not a Request"
+    assert manager.num_tracked_requests == 0
+    report = manager.build_scheduler_output([], [request])  # its first report: all of it, as if none ran
+    assert report.new_requests[0].new_tokens == [5, 6, 7]

@@ -354,3 +354,23 @@ def test_accepts_tuples_and_subclasses(backend):
     request = MyRequest(3, [1, 2])
     data = only(manager.build_scheduler_output((request,), ()))
     assert data.new_tokens == [1, 2]
+
+
+def test_matched_tokens_recorded_before_a_pause_stay_until_dropped(backend):
+    """A prefix hit recorded, then the request preempted before its report: the manager
+    knows it by id only, so the count stays; the error says how to drop it, and dropping it
+    (recording 0) lets the report through as a plain first report."""
+    manager = SchedulerOutputManager()
+    request = decode_request(backend)
+    request.context_current_position = 32  # the connector loaded the first 32 tokens
+    manager.record_matched_tokens(7, 32)
+    request.pause(len(PROMPT))
+    request.block_tables[0].extend([12])
+    with pytest.raises(ValueError) as caught:
+        manager.build_scheduler_output([request], [])
+    assert str(caught.value) == (
+        "request 7: 32 connector-matched tokens exceed its context position 0 (recorded tokens wait for the "
+        "request's next report, even across a pause(): record_matched_tokens(7, 0) drops them)")
+    manager.record_matched_tokens(7, 0)
+    data = only(manager.build_scheduler_output([request], []))
+    assert (data.is_new, data.computed_position, data.new_tokens, data.new_block_ids) == (True, 0, PROMPT, [12])

@@ -531,3 +531,26 @@ def test_cost_is_flat_in_sequence_length(backend):
         copied.append(writer.tokens_copied)
         assert writer.tokens_copied == result.num_tokens - len(result.device_token_slots)
     assert copied == [64 + 3 * 3 + 5 + 2 * 4] * 2
+
+
+@pytest.mark.parametrize("group", ["context_requests", "generation_requests", "first_draft_requests",
+                                   "device_token_requests"])
+@pytest.mark.parametrize("where", ["allocated", "out", "out with metadata"])
+@pytest.mark.parametrize("given", ["a Request", "an int"])
+def test_a_group_that_is_not_iterable_is_named(backend, group, where, given):
+    """A single Request (or an int) where a list of them goes: a TypeError naming the
+    argument and what it got, worded alike on both backends, and nothing written."""
+    request = backend.Request(1, [5, 6, 7])
+    value = request if given == "a Request" else 7
+    groups = {"context_requests": [], "generation_requests": []}
+    groups[group] = value
+    out = None if where == "allocated" else HostBuffers(16, 4, 2, max_blocks_per_seq=None if where == "out" else 4)
+    options = {"block_size": 4} if where == "out with metadata" else {}
+    before = None if out is None else [array.copy() for array in out.arrays]
+    with pytest.raises(TypeError) as caught:
+        prepare_inputs(**groups, max_draft_len=2, out=out, **options)
+    name = "Request" if given == "a Request" else "int"
+    assert str(caught.value) == f"{group} must be a list (or another iterable) of Requests, not a {name}"
+    if out is not None:
+        assert all(np.array_equal(array, old) for array, old in zip(out.arrays, before))
+    assert request.get_tokens(0) == [5, 6, 7] and request.context_current_position == 0

@@ -518,3 +518,20 @@ def test_block_id_errors_say_block_id(backend, call, exc, message):
         call(t)
     assert str(info.value) == message
     assert t.tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("field", ["context_chunk_size", "context_current_position", "seq_slot", "state"])
+@pytest.mark.parametrize("value, error, message", [
+    (2.5, TypeError, "{field} must be an integer, not float"),
+    ("3", TypeError, "{field} must be an integer, not str"),
+    (2**70, OverflowError, "{field} 1180591620717411303424 does not fit in int"),
+], ids=["float", "str", "huge"])
+def test_an_integer_field_set_to_a_non_integer_names_the_field(backend, field, value, error, message):
+    """Every integer field a caller sets names itself in the error, and keeps its value."""
+    request = backend.Request(1, [1, 2, 3, 4])
+    request.context_current_position = 1
+    before = observe(request)
+    with pytest.raises(error) as caught:
+        setattr(request, field, value)
+    assert str(caught.value).startswith(message.format(field=field))
+    assert observe(request) == before

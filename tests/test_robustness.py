@@ -196,3 +196,22 @@ def test_private_writers_and_report_state_refuse_to_be_copied_on_both_backends(b
         name = f"{type(item).__module__}.{type(item).__qualname__}"
         with pytest.raises(TypeError, match=f"^cannot pickle '{name}' object$"):
             copy_of(item)
+
+
+def test_an_empty_chunk_after_the_whole_prompt_says_where_the_request_belongs(backend):
+    """The usual empty chunk: the prompt's last chunk ran and the engine did not move the
+    request to generation. The message says so; a chunk merely left at 0 says only that."""
+    done = backend.Request(7, [1, 2, 3, 4, 5])
+    done.context_current_position = 5
+    with pytest.raises(ValueError) as caught:
+        prepare_inputs([done], [])
+    assert str(caught.value) == (
+        "context request 7 has an empty chunk (context_chunk_size is 0): its prompt is all computed "
+        "(context_current_position 5 = prompt_len 5), so it belongs in generation_requests, in state "
+        "GENERATION_IN_PROGRESS")
+    halfway = backend.Request(8, [1, 2, 3, 4, 5])
+    halfway.context_current_position = 2
+    halfway.context_chunk_size = 0
+    with pytest.raises(ValueError) as caught:
+        prepare_inputs([halfway], [])
+    assert str(caught.value) == "context request 8 has an empty chunk (context_chunk_size is 0)"

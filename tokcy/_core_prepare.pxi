@@ -336,10 +336,14 @@ cdef class InputWriter:
         # whatever can run caller code first (an iterable group iterated, in argument order,
         # then the batch sizes); the lists and tuples are read after it, in place, and no
         # caller code runs from their first read to their last (the twin does the same)
-        contexts = context_requests if type(context_requests) in (list, tuple) else tuple(context_requests)
-        generations = generation_requests if type(generation_requests) in (list, tuple) else tuple(generation_requests)
-        first_drafts = first_draft_requests if type(first_draft_requests) in (list, tuple) else tuple(first_draft_requests)
-        devices = device_token_requests if type(device_token_requests) in (list, tuple) else tuple(device_token_requests)
+        contexts = (context_requests if type(context_requests) in (list, tuple)
+                    else _checks.request_group(context_requests, _checks.CONTEXT))
+        generations = (generation_requests if type(generation_requests) in (list, tuple)
+                       else _checks.request_group(generation_requests, _checks.GENERATION))
+        first_drafts = (first_draft_requests if type(first_draft_requests) in (list, tuple)
+                        else _checks.request_group(first_draft_requests, _checks.FIRST_DRAFT))
+        devices = (device_token_requests if type(device_token_requests) in (list, tuple)
+                   else _checks.request_group(device_token_requests, _checks.DEVICE_TOKEN))
         batch_sizes = None if cuda_graph_batch_sizes is None else _checks.owned_batch_sizes(cuda_graph_batch_sizes)
         self._contexts, self._generations, self._first_drafts, self._devices = (
             contexts, generations, first_drafts, devices)

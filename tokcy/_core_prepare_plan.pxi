@@ -23,7 +23,7 @@ cdef int plan_contexts(InputWriter writer, object contexts, AttentionMetadata me
         chunk = request._chunk_size
         start = request._context_position
         if chunk <= 0:
-            _checks.empty_chunk(request._request_id)
+            _checks.empty_chunk(request._request_id, start, request._prompt_len)
         if start + chunk > request._prompt_len:
             _checks.chunk_past_prompt(request._request_id, start, chunk, request._prompt_len)
         spec = writer._add()

@@ -231,8 +231,8 @@ cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:
     return x ^ (x >> 31)
 
 
-cdef inline list as_list(object requests):
-    return <list>requests if type(requests) is list else list(requests)
+cdef inline list as_list(object requests, str name):
+    return <list>requests if type(requests) is list else _report_checks.request_group(requests, name, list)
 
 
 cdef inline int check_span(int64_t request_id, Py_ssize_t begin, Py_ssize_t end, Py_ssize_t size,

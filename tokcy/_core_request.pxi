@@ -421,7 +421,8 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         return self._context_position
 
     @context_current_position.setter
-    def context_current_position(self, Py_ssize_t value):
+    def context_current_position(self, value_arg):
+        cdef Py_ssize_t value = _tokens.as_integer(value_arg, "context_current_position")  # (named in its errors)
         if value < 0 or value > self._prompt_len:
             raise ValueError(f"context_current_position {value} is outside [0, prompt_len={self._prompt_len}]")
         self._context_position = value
@@ -437,7 +438,8 @@ One request: per-beam int32 token buffers (prompt, then generated tokens), the
         return self._chunk_size
 
     @context_chunk_size.setter
-    def context_chunk_size(self, Py_ssize_t value):
+    def context_chunk_size(self, value_arg):
+        cdef Py_ssize_t value = _tokens.as_integer(value_arg, "context_chunk_size")  # (named in its errors)
         if value < 0:
             raise ValueError(f"context_chunk_size must be >= 0, got {value}")
         self._chunk_size = min(value, self._prompt_len - self._context_position)

@@ -7,6 +7,7 @@ exception with the same message whichever backend is live. Each function raises.
 import numpy as np
 
 from tokcy import _report_checks
+from tokcy._report_checks import request_group  # noqa: F401 - the executor's groups are read alike
 from tokcy._state import RequestState
 from tokcy._tokens import INT32_MAX, as_integer, shown_repr
 
@@ -16,6 +17,7 @@ CONTEXT = "context_requests"
 GENERATION = "generation_requests"
 FIRST_DRAFT = "first_draft_requests"
 DEVICE_TOKEN = "device_token_requests"
+GROUP_NAMES = (CONTEXT, GENERATION, FIRST_DRAFT, DEVICE_TOKEN)  # prepare_inputs' argument order
 
 
 def _state_name(code):
@@ -42,8 +44,12 @@ def wrong_state(group, request_id, state_code, expected_code):
     )
 
 
-def empty_chunk(request_id):
-    raise ValueError(f"context request {request_id} has an empty chunk (context_chunk_size is 0)")
+def empty_chunk(request_id, position, prompt_len):
+    message = f"context request {request_id} has an empty chunk (context_chunk_size is 0)"
+    if position >= prompt_len:  # the usual cause: its last chunk ran, and its state was left as it was
+        message += (f": its prompt is all computed (context_current_position {position} = prompt_len "
+                    f"{prompt_len}), so it belongs in generation_requests, in state GENERATION_IN_PROGRESS")
+    raise ValueError(message)
 
 
 def chunk_past_prompt(request_id, position, chunk, prompt_len):

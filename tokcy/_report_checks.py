@@ -2,7 +2,7 @@
 
 ``tokcy/_core_report.pxi`` and ``tokcy/_pure/report.py`` call these only on their slow
 paths, so a bad batch raises the same exception with the same message whichever backend
-is live, and the two cannot drift. Each function raises.
+is live, and the two cannot drift. Each function raises, but request_group, which reads a group.
 """
 
 CONTEXT = "context_requests"
@@ -14,6 +14,18 @@ GROUPS = (CONTEXT, GENERATION, DEVICE_TOKEN)
 def _qualified(cls):
     module = cls.__module__
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def request_group(group, name, container=tuple):
+    """``container(group)``, for a group of requests given as an iterable other than a list
+    or tuple; a TypeError naming the argument when it is not iterable at all (a single
+    Request passed where a list of them goes, say), the same on both backends."""
+    try:
+        items = iter(group)
+    except TypeError:
+        raise TypeError(f"{name} must be a list (or another iterable) of Requests, not a "
+                        f"{type(group).__name__}") from None
+    return container(items)
 
 
 def not_a_request(group, index, obj, expected):
@@ -41,7 +53,9 @@ def group_count(request_id, num_groups, reported_groups):
 
 def matched_past_position(request_id, matched, position):
     raise ValueError(
-        f"request {request_id}: {matched} connector-matched tokens exceed its context position {position}"
+        f"request {request_id}: {matched} connector-matched tokens exceed its context position {position} "
+        f"(recorded tokens wait for the request's next report, even across a pause(): "
+        f"record_matched_tokens({request_id}, 0) drops them)"
     )
 
 

@@ -135,8 +135,9 @@ class InputWriter:
             _checks.negative_limit("max_draft_len", max_draft_len)
         if max_beam_width < 0:
             _checks.negative_limit("max_beam_width", max_beam_width)
-        groups = [group if type(group) in (list, tuple) else tuple(group) for group in
-                  (context_requests, generation_requests, first_draft_requests, device_token_requests)]
+        groups = [group if type(group) in (list, tuple) else _checks.request_group(group, name) for group, name in
+                  zip((context_requests, generation_requests, first_draft_requests, device_token_requests),
+                      _checks.GROUP_NAMES)]
         batch_sizes = _checks.owned_batch_sizes(cuda_graph_batch_sizes)
         groups = [tuple(group) for group in groups]  # no caller code runs from here on
         context_requests, generation_requests, first_draft_requests, device_token_requests = groups
@@ -159,7 +160,7 @@ class InputWriter:
             request_id = _check_request(item, _checks.CONTEXT, index, seen, _CONTEXT_INIT)
             chunk, start = item._chunk_size, item._context_position
             if chunk <= 0:
-                _checks.empty_chunk(request_id)
+                _checks.empty_chunk(request_id, start, item._prompt_len)
             if start + chunk > item._prompt_len:
                 _checks.chunk_past_prompt(request_id, start, chunk, item._prompt_len)
             if start < 0 or start + chunk > item._beams[0].size:  # the copy's re-check

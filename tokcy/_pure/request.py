@@ -518,7 +518,7 @@ class Request:
 
     @context_current_position.setter
     def context_current_position(self, value):
-        value = as_index(value, "context_current_position")
+        value = as_integer(value, "context_current_position")
         if not 0 <= value <= self._prompt_len:
             raise ValueError(f"context_current_position {value} is outside [0, prompt_len={self._prompt_len}]")
         self._context_position = value
@@ -535,7 +535,7 @@ class Request:
 
     @context_chunk_size.setter
     def context_chunk_size(self, value):
-        value = as_index(value, "context_chunk_size")
+        value = as_integer(value, "context_chunk_size")
         if value < 0:
             raise ValueError(f"context_chunk_size must be >= 0, got {value}")
         self._chunk_size = min(value, self._prompt_len - self._context_position)

@@ -18,7 +18,7 @@ from types import MappingProxyType
 import numpy as np
 
 from tokcy import _backend
-from tokcy._prepare_checks import check_layer_groups
+from tokcy._prepare_checks import DEVICE_TOKEN, check_layer_groups, request_group
 from tokcy._pure.metadata import delta_end, delta_start
 from tokcy.executor._host import (
     ARRAY_FIELDS,
@@ -329,7 +329,7 @@ class InputPreparer:
         self._busy = True  # no call since the check, so no other thread ran in between (the GIL)
         try:
             if type(device_token_requests) not in (list, tuple):
-                device_token_requests = tuple(device_token_requests)
+                device_token_requests = request_group(device_token_requests, DEVICE_TOKEN)
             previous = device_slots = None
             if device_token_requests:
                 previous = self._device_token_source(previous_new_tokens)

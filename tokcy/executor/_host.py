@@ -10,7 +10,7 @@ import operator
 import numpy as np
 
 from tokcy import _backend
-from tokcy._prepare_checks import owned_batch_sizes
+from tokcy._prepare_checks import GROUP_NAMES, owned_batch_sizes, request_group
 from tokcy.executor._metadata import (
     METADATA_FIELDS,
     MetadataBuffers,
@@ -325,8 +325,9 @@ def prepare_inputs(context_requests, generation_requests, *, first_draft_request
         if sizes_per_group is not None:  # planned twice below: each plan reads what the first read
             # (as a writer's plan orders it: the groups that are not lists or tuples iterated,
             # then the batch sizes converted; the lists given are read after both)
-            groups = [group if type(group) in (list, tuple) else tuple(group) for group in
-                      (context_requests, generation_requests, first_draft_requests, device_token_requests)]
+            groups = [group if type(group) in (list, tuple) else request_group(group, name) for group, name in
+                      zip((context_requests, generation_requests, first_draft_requests, device_token_requests),
+                          GROUP_NAMES)]
             cuda_graph_batch_sizes = owned_batch_sizes(cuda_graph_batch_sizes)
             context_requests, generation_requests, first_draft_requests, device_token_requests = (
                 tuple(group) for group in groups)
