@@ -121,7 +121,7 @@ def arrays_over_bytearrays(count):
 
 def reachable_from(root, kind):
     """Every ``kind`` object the collector's introspection leads to from ``root`` (through
-    tuples, lists and dicts): what caller code can find and change."""
+    tuples, lists, dicts and tokcy's own objects): what caller code can find and change."""
     found, seen, todo = [], set(), [root]
     while todo:
         item = todo.pop()
@@ -130,7 +130,7 @@ def reachable_from(root, kind):
         seen.add(id(item))
         if isinstance(item, kind):
             found.append(item)
-        if item is root or isinstance(item, (tuple, list, dict)):
+        if item is root or isinstance(item, (tuple, list, dict)) or type(item).__module__.startswith("tokcy."):
             todo.extend(gc.get_referents(item))
     return found
 

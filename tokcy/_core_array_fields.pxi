@@ -1,8 +1,11 @@
 # numpy arrays read in place (compiled core): the leading fields of numpy's array object,
-# how far the module can trust them (ARRAY_FIELDS_AGREE), and the writers' check that a
-# pointer they took into an output array still lies at the start of that array's memory.
+# how far the module can trust them (ARRAY_FIELDS_AGREE), the writers' check that a
+# pointer they took into an output array still lies at the start of that array's memory,
+# and BoundMemory, what keeps the memory of a writer's output arrays and what each of its
+# calls checks of it before writing.
 
 from cpython.object cimport PyObject
+from libc.stdlib cimport free, malloc
 
 # numpy's array object, as far as the arena reads it: the leading fields of numpy's
 # PyArrayObject_fields. Every extension built against numpy's headers reads them in place
@@ -32,8 +35,9 @@ cdef extern from *:
         PyObject* descr
         int flags
 
-cdef enum:  # numpy's NPY_ARRAY_* flag bits (ABI too), all three needed to write an array
+cdef enum:  # numpy's NPY_ARRAY_* flag bits (ABI too): the three needed to write an array, and OWNDATA
     ARRAY_C_CONTIGUOUS = 0x0001
+    ARRAY_OWNDATA = 0x0004
     ARRAY_ALIGNED = 0x0100
     ARRAY_WRITEABLE = 0x0400
     ARRAY_WRITABLE_FLAGS = ARRAY_C_CONTIGUOUS | ARRAY_ALIGNED | ARRAY_WRITEABLE
@@ -45,7 +49,8 @@ cdef object NDARRAY = np.ndarray
 
 cdef bint array_fields_agree():
     """Whether ArrayFields reads what numpy reports of arrays of every kind the arena's
-    checks tell apart (each dtype; 1-D and 2-D; read-only; strided; Fortran order)."""
+    checks tell apart (each dtype; 1-D and 2-D; read-only; strided, a view that owns no
+    memory; Fortran order)."""
     cdef ArrayFields* fields
     cdef Py_ssize_t k
     samples = []
@@ -59,6 +64,7 @@ cdef bint array_fields_agree():
         if (type(array) is not NDARRAY or fields.descr != <PyObject*>array.dtype
                 or <size_t>fields.data != array.__array_interface__["data"][0] or fields.nd != array.ndim
                 or bool(fields.flags & ARRAY_C_CONTIGUOUS) != flags.c_contiguous
+                or bool(fields.flags & ARRAY_OWNDATA) != flags.owndata
                 or bool(fields.flags & ARRAY_ALIGNED) != flags.aligned
                 or bool(fields.flags & ARRAY_WRITEABLE) != flags.writeable):
             return False
@@ -92,3 +98,101 @@ cdef int check_still_over(object array, const void* pointer) except -1:
         return 0
     raise RuntimeError("an output array was given other memory by code that ran while it was bound: "
                        "nothing was bound")
+
+
+# ---------------------------------------------------------------- the memory a writer is bound to
+cdef struct OwnerRecord:
+    PyObject* array        # a numpy array owning memory a writer writes (held by the BoundMemory)
+    char* data             # where that memory was when bound
+    PyObject* descr        # its dtype then (held: compared by identity)
+    Py_ssize_t size        # its element count then
+
+
+@cython.final
+@cython.no_gc_clear  # its records borrow the arrays ``watched`` holds: a collection must not drop them first
+cdef class BoundMemory:
+    """The memory behind the output arrays a writer is bound to (``_invariants.bound_memory``):
+    the guards that keep it where it is (pinned), and a C record of each numpy array that
+    owns some of it, which ``check()`` compares with the array as it is now, reading its
+    fields (no Python code runs), before every write."""
+    cdef tuple guards
+    cdef tuple watched             # _invariants.bound_memory's entries, which hold what the records borrow
+    cdef OwnerRecord* records
+    cdef Py_ssize_t count
+
+    def __dealloc__(self):
+        free(self.records)
+
+    cdef inline int check(self) except -1:
+        """RuntimeError, naming the array, if a numpy array owning memory the writer writes no
+        longer owns it (``__setstate__`` freed it): the writer's last check before it writes,
+        after which no Python code runs until the write is done."""
+        if ARRAY_FIELDS_AGREE and first_moved(self.records, self.count) < 0:
+            return 0
+        return self.refuse_moved()
+
+    cdef int refuse_moved(self) except -1:
+        """check()'s slow path: the RuntimeError naming the array that moved, found from the
+        arrays' fields or, where those do not read right, from numpy's account of them."""
+        cdef bint was_enabled
+        if ARRAY_FIELDS_AGREE:
+            moved = self.watched[first_moved(self.records, self.count)][0]
+        else:
+            was_enabled = PyGC_Disable()  # numpy's account allocates: no collection in between
+            try:
+                moved = _invariants.moved_array(self.watched)
+            finally:
+                if was_enabled:
+                    PyGC_Enable()
+        if moved is not None:
+            _checks.memory_moved(moved)
+        return 0
+
+
+cdef inline Py_ssize_t first_moved(const OwnerRecord* records, Py_ssize_t count) noexcept:
+    """The first record whose array no longer owns the memory it owned when bound, -1 if
+    none: it must still own as many entries, of the same dtype, at the same address (new
+    memory that landed there is alive and its own, hence as good as the old: see
+    ``_invariants.bound_memory``)."""
+    cdef const OwnerRecord* record
+    cdef const ArrayFields* fields
+    cdef Py_ssize_t index, axis, size
+    for index in range(count):
+        record = &records[index]
+        fields = <const ArrayFields*>record.array
+        if (fields.data != record.data or fields.descr != record.descr
+                or not (fields.flags & ARRAY_OWNDATA)):
+            return index
+        if fields.nd == 1:  # (the usual owner)
+            size = fields.dimensions[0]
+        else:
+            size = 1
+            for axis in range(fields.nd):
+                size *= fields.dimensions[axis]
+        if size < record.size:
+            return index
+    return -1
+
+
+cdef BoundMemory bound_memory(tuple arrays, tuple names):
+    """The BoundMemory of the output ``arrays`` (named ``names``) a writer binds: made from
+    the caller's arrays before any pointer into them is taken, so that whatever gives them
+    other memory from then on is seen by the first ``check()``."""
+    cdef BoundMemory memory = BoundMemory.__new__(BoundMemory)
+    cdef OwnerRecord* record
+    cdef Py_ssize_t index
+    guards, watched = _invariants.bound_memory(arrays, names)
+    memory.guards = pinned(guards)
+    memory.watched = watched
+    memory.records = <OwnerRecord*>malloc(max(1, len(watched)) * sizeof(OwnerRecord))
+    if memory.records == NULL:
+        raise MemoryError()
+    for index in range(len(watched)):
+        _, array, data, dtype, size = <tuple>watched[index]
+        record = &memory.records[index]
+        record.array = <PyObject*>array
+        record.data = <char*><uintptr_t>data
+        record.descr = <PyObject*>dtype
+        record.size = size
+    memory.count = len(watched)
+    return memory

@@ -48,7 +48,7 @@ cdef class Storage:
 @cython.final
 @cython.no_gc  # holds one export of a memoryview, and hands it to no one
 cdef class ExportPin:
-    """A buffer export of a memoryview (one that ``_invariants.resize_guards`` made over the
+    """A buffer export of a memoryview (one that ``_invariants.bound_memory`` made over the
     export behind a bound array), held in C for as long as this lives: the memoryview then
     refuses ``release()``, even from code that reaches it through the collector, so the
     memory it shows stays where the writer's pointers are. No method, nothing exported."""
@@ -61,7 +61,7 @@ cdef class ExportPin:
 
 
 cdef tuple pinned(tuple guards):
-    """``guards`` (``_invariants.resize_guards``) and an ExportPin of each memoryview among
+    """``guards`` (``_invariants.bound_memory``'s) and an ExportPin of each memoryview among
     them: what a compiled writer keeps while it keeps pointers into the arrays."""
     cdef ExportPin pin
     pins = []

@@ -34,7 +34,9 @@ cdef class AttentionMetadata:
     cdef int block_shift[MAX_LAYER_GROUPS]   # log2(block_size), or -1 if it is not a power of two
     cdef object _block_sizes           # the tuple last configured (identity fast path)
     cdef tuple _arrays                 # every bound array, owned
+    cdef BoundMemory _bound_memory     # their memory as bound, which every write of them checks first
     cdef tuple _device_arrays          # bind_device_table's arrays, owned while it is bound
+    cdef BoundMemory _device_memory    # their memory, likewise
     cdef int32_t* kv_lens
     cdef int32_t* cu_kv_seqlens
     cdef int64_t* slot_mapping[MAX_LAYER_GROUPS]
@@ -119,13 +121,16 @@ cdef class AttentionMetadata:
                                                   kv_last_page_len, block_table, kv_indices)
             count = len(slot_mapping)
             arrays = (kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len, block_table, kv_indices)
-            # none of them can be resized while bound: the guards travel with them in _arrays
-            arrays += (pinned(_invariants.resize_guards((kv_lens, cu_kv_seqlens) + arrays[2] + arrays[3] + arrays[4]
-                                                        + (arrays[5] or ()) + (arrays[6] or ()))),)
+            # what keeps their memory where it is, and what every write checks of it: made
+            # before any pointer is taken
+            given, names = _checks.named_arrays(
+                kv_lens=kv_lens, cu_kv_seqlens=cu_kv_seqlens, slot_mapping=slot_mapping, kv_indptr=kv_indptr,
+                kv_last_page_len=kv_last_page_len, block_table=block_table, kv_indices=kv_indices)
+            bound = bound_memory(given, names)
             # every pointer taken (each array checked) before anything changes: a bad array
             # leaves the writer bound to its old arrays, which it still owns
-            # through plain views (int32_pointer()): their buffers are numpy's, over memory the
-            # guards keep (a subclass's __buffer__ may export another)
+            # through plain views (int32_pointer()): their buffers are numpy's, over memory
+            # ``bound`` keeps (a subclass's __buffer__ may export another)
             lens = int32_pointer(kv_lens, &length)
             cu_lens = int32_pointer(cu_kv_seqlens, &cu_length)
             cap_seqs = min(length, cu_length - 1)
@@ -150,12 +155,14 @@ cdef class AttentionMetadata:
                     indices[group] = int32_pointer(arrays[6][group], &cap_indices[group])
             self.release()
             # what was bound is released on return, once no pointer is into it
-            retired_arrays, retired_device_arrays, retired_rows = self._arrays, self._device_arrays, self.rows
+            retired = (self._arrays, self._bound_memory, self._device_arrays, self._device_memory, self.rows)
             # the device table's arrays were sized with the old ones (cap_seqs): unbound with them
             self.has_device_table = False
             self.rows = None
             self._device_arrays = None
+            self._device_memory = None
             self._arrays = arrays
+            self._bound_memory = bound
             self.width = width
             self.kv_lens = lens
             self.cu_kv_seqlens = cu_lens
@@ -205,7 +212,10 @@ cdef class AttentionMetadata:
             if len(gathers[0]) != count or len(gathers[1]) != count or len(gathers[2]) != count:
                 raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
             _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # the twin's checks and order
-            guards = pinned(_invariants.resize_guards((table_slots, delta_area) + gathers[0] + gathers[1] + gathers[2]))
+            given, names = _checks.named_arrays(
+                table_slots=table_slots, delta_area=delta_area, gather_blocks=gathers[0], gather_live=gathers[1],
+                gather_base=gathers[2])
+            bound = bound_memory(given, names)  # as bind()
             slots = int32_pointer(table_slots, &length)
             cap_seqs = min(self.cap_seqs, length)
             deltas = int32_pointer(delta_area, &delta_capacity)
@@ -219,9 +229,10 @@ cdef class AttentionMetadata:
                 base[group] = int64_pointer(gathers[2][group], &length)
                 cap_seqs = min(cap_seqs, length)
             self.release()
-            retired_device_arrays, retired_rows = self._device_arrays, self.rows  # released on return, once unused
+            retired = (self._device_arrays, self._device_memory, self.rows)  # released on return, once unused
             self.rows = rows
-            self._device_arrays = (table_slots, delta_area, gathers, guards)
+            self._device_arrays = (table_slots, delta_area, gathers)
+            self._device_memory = bound
             self.table_slots = slots
             self.delta_area = deltas
             self.cap_seqs = cap_seqs
@@ -552,6 +563,16 @@ cdef class AttentionMetadata:
         if self.has_device_table:
             work += self.num_changed_entries
         return work
+
+    cdef int check_memory(self) except -1:
+        """The writer's last check before it writes these outputs (BoundMemory.check()): every
+        bound array still has the memory it had when bound."""
+        if self._bound_memory is None or (self.has_device_table and self._device_memory is None):
+            _checks.metadata_not_bound()  # (only while a collection clears this object)
+        self._bound_memory.check()
+        if self.has_device_table:
+            self._device_memory.check()
+        return 0
 
     cdef int check_capacity(self, Py_ssize_t num_tokens, Py_ssize_t padded) except -1:
         cdef Py_ssize_t group

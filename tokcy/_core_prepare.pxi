@@ -51,7 +51,8 @@ cdef class InputWriter:
     cdef int64_t _meta_serial           # _meta.plan_serial after this writer planned it
     # the bound outputs
     cdef Outputs _out
-    cdef tuple _arrays
+    cdef tuple _arrays                  # the plain views written through
+    cdef BoundMemory _bound_memory      # their memory as bound, which every write checks first (None: unbound)
     cdef Py_ssize_t _cap_tokens, _cap_gather, _cap_seqs, _cap_drafts, _cap_draft_requests, _cap_device
     cdef readonly Py_ssize_t tokens_copied
     """Token ids the last write copied from request buffers (debug counter: O(emitted))."""
@@ -86,7 +87,9 @@ cdef class InputWriter:
     def bind(self, input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
              request_ids, draft_tokens, draft_lens, device_token_slots):
         """Write into these contiguous numpy arrays (int32, request_ids int64) from now on;
-        they cannot be resized while they are bound (``_invariants.resize_guards``)."""
+        they cannot be resized while they are bound, and every write first checks that no
+        ``__setstate__`` freed their memory: gave the numpy array that owns it (one of them,
+        or a base) other memory (``_invariants.bound_memory``)."""
         if self._busy:
             _checks.busy()
         # busy for the whole call: the checks read the arrays' attributes, which may run
@@ -96,18 +99,18 @@ cdef class InputWriter:
         try:
             arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
                       request_ids, draft_tokens, draft_lens, device_token_slots)
-            guards = pinned(_invariants.resize_guards(arrays))
+            bound = bound_memory(arrays, _checks.BIND_ARRAYS)  # before any pointer is taken
             views = _checks.check_bind_arrays(arrays)  # plain views, written through (see _bind_views)
-            retired = self._bind_views(arrays, views, guards)
+            retired = self._bind_views(arrays, views, bound)
         finally:
             self._busy = False
         # (the arrays bound before are released on return, after the guard: code their
         # release runs, a finalizer, may call this writer, which writes into the new ones)
 
-    cdef object _bind_views(self, tuple arrays, tuple views, tuple guards):
+    cdef object _bind_views(self, tuple arrays, tuple views, BoundMemory bound):
         """Bind ``views``, plain ndarrays of ``arrays`` (``_prepare_checks.plain_array``):
         the buffers they export are numpy's, over the arrays' own memory (a subclass's
-        ``__buffer__`` is never asked), which the guards keep (they hold the arrays). Each
+        ``__buffer__`` is never asked), which ``bound`` keeps (it holds the arrays). Each
         pointer is checked to lie where its array's memory starts (check_still_over) before
         anything changes, and no Python code runs here. Returns the arrays bound before, for
         the caller to release once no pointer is theirs."""
@@ -131,8 +134,9 @@ cdef class InputWriter:
         memory[10] = &device_token_slots[0] if device_token_slots.shape[0] else NULL
         for index in range(11):
             check_still_over(arrays[index], memory[index])
-        retired = self._arrays
-        self._arrays = views + (guards,)
+        retired = (self._arrays, self._bound_memory)
+        self._arrays = views
+        self._bound_memory = bound
         self._out.input_ids = <int32_t*>memory[0]
         self._out.position_ids = <int32_t*>memory[1]
         self._out.gather_ids = <int32_t*>memory[2]
@@ -422,7 +426,7 @@ cdef class InputWriter:
         cdef Py_ssize_t padded, num_sequences, work
         if not self._planned:
             _checks.not_planned()
-        if self._arrays is None:
+        if self._bound_memory is None:
             self._release()
             _checks.not_bound()
         padded = self._num_specs + self._num_plain + self._num_padding
@@ -444,6 +448,11 @@ cdef class InputWriter:
                     self._meta = None
                     _checks.metadata_replanned()
                 self._meta.check_capacity(self._num_tokens, padded)
+            # last, as no Python code runs from here to the write (a caller's __setstate__
+            # before it, even from a callback of this call, freed what is written)
+            self._bound_memory.check()
+            if self._meta is not None:
+                self._meta.check_memory()
                 if self._meta.has_device_table:
                     self._meta.commit_deltas(self._num_tokens)  # consumes the tables' marks: nothing fails after it
             work = self._num_tokens + (0 if self._meta is None else self._meta.write_work(padded))

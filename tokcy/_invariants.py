@@ -7,6 +7,7 @@ is created. ``docs/invariants.md`` is the written-down list; the hot loops rely 
 re-check, at their boundary, what each copy needs.
 """
 
+import gc
 import weakref
 
 import numpy as np
@@ -200,18 +201,40 @@ def reinitialised_during(argument):
     raise RuntimeError(f"the request was re-initialised while {argument} was converted: nothing was changed")
 
 
+# numpy's own accounts of an array (a subclass's properties may say anything)
 _real_base = np.ndarray.base.__get__
+_real_flags = np.ndarray.flags.__get__
+_real_dtype = np.ndarray.dtype.__get__
+_real_size = np.ndarray.size.__get__
+_real_ctypes = np.ndarray.ctypes.__get__
 
 
-def resize_guards(arrays):
-    """What keeps the memory of ``arrays`` (numpy arrays; None entries skipped) where it is
-    while a writer keeps pointers into it:
+def _data_address(array):
+    """Where ``array``'s memory starts, by numpy's ``ctypes`` (its ``__array_interface__``
+    crashes the interpreter when one of its allocations fails)."""
+    return _real_ctypes(array).data or 0  # (None for a NULL pointer)
+
+
+def _watched(name, array):
+    """One entry of ``bound_memory``'s ``watched``: ``(name, array, data, dtype, size)``, an
+    owner's data address, dtype and element count now."""
+    return (name, array, _data_address(array), _real_dtype(array), _real_size(array))
+
+
+def bound_memory(arrays, names):
+    """``(guards, watched)`` for the output ``arrays`` a writer binds (numpy arrays, named
+    ``names``; None entries skipped): what keeps their memory where it is while the writer
+    keeps pointers into it, and what each of its calls checks before it writes.
+
+    ``guards``:
 
     - each array itself (a writer may write through plain views of it, whose ``base`` a
       caller's ``__setstate__`` on such a view would drop);
     - a weak reference to each array and to every numpy array its memory comes from (its
       bases): numpy refuses to resize an array that has a weak reference, even with
       ``refcheck=False``, which otherwise frees the memory whatever exports are alive;
+    - every numpy array among those that owns its memory: ``__setstate__`` on a view drops
+      its base, which may have held the owner's last reference;
     - for a base that is a memoryview (``np.frombuffer`` of a bytearray, say), a memoryview
       of our own over the same export: it outlives a caller's ``release()`` of numpy's, so
       the exporter keeps the memory and refuses to resize it (ValueError here if that
@@ -222,13 +245,27 @@ def resize_guards(arrays):
       memory behind the holders' own arrays), which then outlives any ``__setstate__`` of
       the arrays; and, where numpy holds no export of it (``np.ndarray(..., buffer=owner)``,
       a memmap's mmap) but it exports a buffer, a memoryview of it, so that it refuses to
-      resize or close (pinned as above by the compiled core)."""
-    guards = []
-    for array in arrays:
+      resize or close (pinned as above by the compiled core).
+
+    ``watched`` (``_watched`` entries, each named by the first bound array whose memory
+    it owns): each numpy array that owns the memory of a bound array (the array itself, or
+    a base), once. numpy's ``__setstate__`` frees an owner's memory whatever is alive and
+    gives it other memory; nothing can stop it, so each call compares every entry with the
+    array as it is before it writes (the compiled core in C, the twin with
+    ``moved_array``): an owner must still own as many entries, of the same dtype, at the
+    same address (the same block, or a new one that holds as much there: either way alive
+    and its own). ``__setstate__`` on an array that owns no memory frees none: the writer
+    keeps writing the memory it was bound to, which that array no longer shows."""
+    guards, watched, owners = [], [], set()
+    for array, name in zip(arrays, names):
         if isinstance(array, np.ndarray):
             guards.append(array)
         while isinstance(array, np.ndarray):
             guards.append(weakref.ref(array))
+            if _real_flags(array).owndata and id(array) not in owners:
+                owners.add(id(array))
+                guards.append(array)
+                watched.append(_watched(name, array))
             array = _real_base(array)  # numpy's own: a subclass's base property may say anything
             if isinstance(array, memoryview):
                 try:
@@ -246,7 +283,34 @@ def resize_guards(arrays):
                     guards.append(memoryview(array))
                 except TypeError:  # no buffer to export (the compiled core's own memory)
                     pass
-    return tuple(guards)
+    return tuple(guards), tuple(watched)
+
+
+def moved_array(watched):
+    """The name of the first ``watched`` entry (``bound_memory``) whose array no longer owns
+    the memory it owned, None if none: the twin's check before each write (and the
+    compiled core's where it cannot read the arrays' fields)."""
+    for name, array, data, dtype, size in watched:
+        if (not _real_flags(array).owndata or _real_dtype(array) is not dtype or _real_size(array) < size
+                or _data_address(array) != data):
+            return name
+    return None
+
+
+class collector_paused:  # (named as the function it stands for: ``with collector_paused():``)
+    """The garbage collector paused for the ``with`` block (as it was, if already paused):
+    no collection, hence none of its callbacks, runs inside. Allocating may otherwise start
+    one anywhere, and a callback can change what the block reads or writes."""
+
+    __slots__ = ("enabled",)
+
+    def __enter__(self):
+        self.enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc_info):
+        if self.enabled:
+            gc.enable()
 
 
 def released_below(num_released, already):

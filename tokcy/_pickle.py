@@ -6,8 +6,9 @@ their own class, which itself derives from whichever backend was live; what a su
 adds (its ``__dict__`` and its own ``__slots__``) travels with them.
 """
 
-import gc
 import types
+
+from tokcy._invariants import collector_paused
 
 
 def read_whole(read):
@@ -15,13 +16,8 @@ def read_whole(read):
     collector paused: reading allocates, which could start a collection whose callbacks
     change the object between two fields, and the state would then be torn between two
     objects. The compiled core pauses it the same way around its reads (PyGC_Disable)."""
-    if not gc.isenabled():
+    with collector_paused():
         return read()
-    gc.disable()
-    try:
-        return read()
-    finally:
-        gc.enable()
 
 
 def restore_request(cls, state):

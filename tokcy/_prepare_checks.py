@@ -13,6 +13,10 @@ from tokcy._tokens import INT32_MAX, as_integer, shown_repr
 
 MAX_METADATA_GROUPS = 16  # layer groups one AttentionMetadata writes (the compiled core sizes its arrays by it)
 
+#: The arrays ``InputWriter.bind`` takes, in its order (``tokcy.executor.ARRAY_FIELDS``).
+BIND_ARRAYS = ("input_ids", "position_ids", "gather_ids", "seq_lens", "num_cached_tokens", "prompt_lens",
+               "cu_seqlens", "request_ids", "draft_tokens", "draft_lens", "device_token_slots")
+
 CONTEXT = "context_requests"
 GENERATION = "generation_requests"
 FIRST_DRAFT = "first_draft_requests"
@@ -225,6 +229,28 @@ def device_table_needs_prepare():
 
 def metadata_replanned():
     raise RuntimeError("the attention metadata was re-bound or planned by another writer since plan(): plan again")
+
+
+def memory_moved(name):
+    """A bound array, or a numpy array its memory comes from, no longer has the memory it
+    had when bound (``_invariants.bound_memory``): raised before anything is written."""
+    raise RuntimeError(f"out array {name} (or the array its memory comes from) was given new memory by "
+                       f"__setstate__ while bound: nothing was written; bind the arrays again")
+
+
+def named_arrays(**arrays):
+    """The arrays a metadata bind takes (``name=array``, or ``name=`` a tuple of arrays, one
+    per layer group, or None for none) in one tuple, in the order given, and their names
+    (``slot_mapping[1]``) in another."""
+    flat, names = [], []
+    for name, value in arrays.items():
+        if type(value) is tuple:
+            flat += value
+            names += [f"{name}[{group}]" for group in range(len(value))]
+        elif value is not None:
+            flat.append(value)
+            names.append(name)
+    return tuple(flat), tuple(names)
 
 
 def plain_array(array):

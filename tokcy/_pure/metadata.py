@@ -128,11 +128,11 @@ class AttentionMetadata:
         max_blocks_per_seq = _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping,
                                                            kv_indptr, kv_last_page_len, block_table, kv_indices)
         count = len(slot_mapping)
-        given = (kv_lens, cu_kv_seqlens, *slot_mapping, *kv_indptr, *kv_last_page_len, *(block_table or ()),
-                 *(kv_indices or ()))
-        # none can be resized while bound (as the compiled twin): made from the caller's arrays, before
-        # anything changes (they may refuse an array)
-        guards = _invariants.resize_guards(given)
+        # none can be resized while bound, and what owns their memory is recorded for every write to check (as
+        # the compiled twin): from the caller's arrays, before anything changes (they may refuse an array)
+        guards, watched = _invariants.bound_memory(*_checks.named_arrays(
+            kv_lens=kv_lens, cu_kv_seqlens=cu_kv_seqlens, slot_mapping=slot_mapping, kv_indptr=kv_indptr,
+            kv_last_page_len=kv_last_page_len, block_table=block_table, kv_indices=kv_indices))
         plain = _checks.plain_array  # written through plain views: their lengths are numpy's, whatever a subclass says
         kv_lens, cu_kv_seqlens = plain(kv_lens), plain(cu_kv_seqlens)
         slot_mapping, kv_indptr = [plain(a) for a in slot_mapping], [plain(a) for a in kv_indptr]
@@ -141,8 +141,9 @@ class AttentionMetadata:
             block_table, kv_indices = [plain(a) for a in block_table], [plain(a) for a in kv_indices]
         self.release()
         self.has_device_table = False  # the device table is bound to the old arrays: bind it again
-        self._device_guards = ()
+        self._device_guards = self._device_watched = ()
         self._guards = guards
+        self._watched = watched
         self.width = max_blocks_per_seq
         self.kv_lens, self.cu_kv_seqlens = kv_lens, cu_kv_seqlens
         self.slot_mapping, self.kv_indptr = tuple(slot_mapping), tuple(kv_indptr)
@@ -183,13 +184,15 @@ class AttentionMetadata:
         if len(gathers[0]) != count or len(gathers[1]) != count or len(gathers[2]) != count:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
         _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # as the compiled twin, in its order
-        given = (table_slots, delta_area, *gathers[0], *gathers[1], *gathers[2])
-        guards = _invariants.resize_guards(given)  # as bind()
+        guards, watched = _invariants.bound_memory(*_checks.named_arrays(  # as bind()
+            table_slots=table_slots, delta_area=delta_area, gather_blocks=gathers[0], gather_live=gathers[1],
+            gather_base=gathers[2]))
         plain = _checks.plain_array  # as bind()
         table_slots, delta_area = plain(table_slots), plain(delta_area)
         gathers = tuple(tuple(plain(array) for array in arrays) for arrays in gathers)
         self.release()
         self._device_guards = guards
+        self._device_watched = watched
         self.rows = rows
         max_slots = rows.max_slots
         self.table_slots = table_slots
@@ -271,6 +274,13 @@ class AttentionMetadata:
         self.plan_serial += 1
         self._planned = []
         self._changed = []
+
+    def check_memory(self):
+        """The writer's last check before it writes these outputs (as the compiled twin's)."""
+        moved = _invariants.moved_array(self._watched) or (self.has_device_table
+                                                           and _invariants.moved_array(self._device_watched))
+        if moved:
+            _checks.memory_moved(moved)
 
     def check_capacity(self, num_tokens, padded):
         if num_tokens > self.cap_tokens:

@@ -49,6 +49,7 @@ class InputWriter:
     def __init__(self):
         self._arrays = None
         self._guards = ()
+        self._watched = ()  # what every write checks first (_invariants.bound_memory)
         self._plan_state = None
         self._busy = False
         self._metadata = None
@@ -78,7 +79,8 @@ class InputWriter:
 
     def bind(self, input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
              cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots):
-        """Write into these contiguous arrays (int32, request_ids int64) from now on."""
+        """Write into these contiguous arrays (int32, request_ids int64) from now on (see
+        the compiled twin's docstring)."""
         if self._busy:
             _checks.busy()
         self._busy = True  # for the whole call, as the compiled twin (its checks may run Python code)
@@ -86,13 +88,16 @@ class InputWriter:
         try:
             arrays = (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens,
                       cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots)
-            guards = _invariants.resize_guards(arrays)  # as the compiled twin: none can be resized while bound
+            # as the compiled twin: none can be resized while bound, and what owns their memory is recorded
+            # (before any view of it is taken) for every write to check
+            guards, watched = _invariants.bound_memory(arrays, _checks.BIND_ARRAYS)
             # plain views of the same memory: their lengths are numpy's (a subclass's len() may lie)
             views = _checks.check_bind_arrays(arrays)
             arrays = views
             (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens, request_ids,
              draft_tokens, draft_lens, device_token_slots) = arrays
             self._guards = guards
+            self._watched = watched
             self._arrays = arrays
             self._cap_tokens = min(len(input_ids), len(position_ids))
             self._cap_gather = len(gather_ids)
@@ -304,8 +309,25 @@ class InputWriter:
                 self._meta = None
                 _checks.metadata_replanned()
             meta.check_capacity(num_tokens, padded)
-            if meta.has_device_table:
-                meta.plan_deltas(num_tokens)  # consumes the tables' marks
+        counts = (num_context, num_context_tokens, num_tokens - num_context_tokens - num_padding, num_tokens,
+                  num_sequences, padded, device_row_start, num_gather, num_draft_tokens, num_draft_requests,
+                  num_device)  # (made first: an allocation that fails here changes nothing)
+        # the last check, as the compiled twin's, with the collector paused from it to the last write (a
+        # collection's callback that gave an array other memory meanwhile would have the rows written into
+        # freed memory)
+        with _invariants.collector_paused():
+            moved = _invariants.moved_array(self._watched)
+            if moved:
+                _checks.memory_moved(moved)
+            if meta is not None:
+                meta.check_memory()
+            self._fill(specs, num_tokens, num_gather, num_padding, padded, meta)
+        return counts
+
+    def _fill(self, specs, num_tokens, num_gather, num_padding, padded, meta):
+        """Pass 2's writes (the compiled twin's ``_fill``), once every check passed."""
+        if meta is not None and meta.has_device_table:
+            meta.plan_deltas(num_tokens)  # consumes the tables' marks
         try:
             (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens,
              request_ids, draft_tokens, draft_lens, device_token_slots) = self._arrays
@@ -355,9 +377,6 @@ class InputWriter:
             if meta is not None:
                 meta.write([(spec[11], spec[6], spec[5], start) for spec, start in zip(specs, starts)], num_tokens, padded)
                 meta.release()
-            return (num_context, num_context_tokens, num_tokens - num_context_tokens - num_padding, num_tokens,
-                    num_sequences, padded, device_row_start, num_gather, num_draft_tokens, num_draft_requests,
-                    num_device)
         except BaseException:  # (only an allocation can fail here) what the consumed marks said is lost: the next
             if meta is not None and meta.has_device_table:  # step sends each scheduled table whole
                 meta.rows.forget()

@@ -10,7 +10,7 @@ import operator
 import numpy as np
 
 from tokcy import _backend
-from tokcy._prepare_checks import GROUP_NAMES, owned_batch_sizes, request_group
+from tokcy._prepare_checks import BIND_ARRAYS, GROUP_NAMES, owned_batch_sizes, request_group
 from tokcy.executor._metadata import (
     METADATA_FIELDS,
     MetadataBuffers,
@@ -23,19 +23,7 @@ from tokcy.executor._memory import zeros
 from tokcy.executor._read_only import read_only
 
 #: The array attributes of ``PreparedInputs``, in the order ``InputWriter.bind`` takes them.
-ARRAY_FIELDS = (
-    "input_ids",
-    "position_ids",
-    "gather_ids",
-    "seq_lens",
-    "num_cached_tokens",
-    "prompt_lens",
-    "cu_seqlens",
-    "request_ids",
-    "draft_tokens",
-    "draft_lens",
-    "device_token_slots",
-)
+ARRAY_FIELDS = BIND_ARRAYS
 #: The integer attributes of ``PreparedInputs``.
 COUNT_FIELDS = (
     "num_context_requests",

@@ -4,7 +4,7 @@ With the compiled core they lie in memory it owns (``tokcy._core.zeroed_array``)
 frees no memory an array does not own, so neither ``resize`` nor ``__setstate__`` of an
 output array can free what a writer bound to it writes, and the array's base (an object
 with no method, no memoryview anyone could release) keeps that memory, as does a writer
-for as long as it is bound (``tokcy._invariants.resize_guards``). Without it, the pure twin
+for as long as it is bound (``tokcy._invariants.bound_memory``). Without it, the pure twin
 writes through the arrays themselves, and plain numpy arrays serve.
 """
 
