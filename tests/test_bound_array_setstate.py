@@ -317,3 +317,31 @@ def test_a_device_table_array_given_new_memory_is_refused(backend, name):
         array.fill(SENTINEL)
     give_new_memory(device[name])
     expect_refused(name, lambda: writer.prepare([], requests, [], [], 0, None, 0, (16,)), arrays, requests)
+
+
+def test_holder_arrays_without_the_compiled_core_lie_in_memory_no_numpy_array_owns(backend, monkeypatch):
+    """A pure install (no compiled core) allocates a holder's arrays in a bytearray: no
+    numpy array owns that memory, so no __setstate__ can free it, and the twin's check
+    before each write has nothing to read for them (numpy-owned arrays there cost about
+    2 us each per call); the arrays are what a writer binds (writable, aligned)."""
+    from tokcy.executor import _memory
+
+    monkeypatch.setattr(_memory, "_zeroed_array", None)
+    holder = HostBuffers(64, 8, 2, max_blocks_per_seq=4)
+    metadata = holder.metadata
+    arrays = list(holder.arrays) + [metadata.kv_lens, metadata.cu_kv_seqlens]
+    for name in ("slot_mapping", "kv_indptr", "kv_last_page_len", "block_table", "kv_indices"):
+        arrays += getattr(metadata, name)  # one per layer group
+    for array in arrays:
+        assert array.flags.writeable and array.flags.aligned and not array.any()
+        base = array
+        while isinstance(base, np.ndarray):
+            assert not base.flags.owndata
+            base = base.base
+        assert type(base) in (bytearray, memoryview)
+        give_new_memory(array)  # frees nothing: the writer still writes the bytearray it holds
+    request = backend.Request(1, [3, 4, 5])
+    request.state = RequestState.GENERATION_IN_PROGRESS
+    request.block_tables[0].extend([9])
+    inputs = prepare_inputs([], [request], out=holder, block_size=4)
+    assert inputs.input_ids.tolist() == [5] and inputs.slot_mapping.tolist() == [38]
