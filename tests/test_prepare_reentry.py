@@ -10,9 +10,11 @@ while the returned inputs are made: the outer call returns exactly what the same
 prepared into buffers of its own gives. The same holds for ``InputPreparer.prepare``.
 """
 
-import pytest
+import functools
+import operator
 
-from tests.test_collector_reach import at_every_collection
+import pytest
+from test_collector_reach import at_every_collection
 from tokcy import RequestState
 from tokcy.executor import ARRAY_FIELDS, COUNT_FIELDS, HostBuffers, prepare_inputs
 from tokcy.executor._metadata import GROUP_FIELDS, METADATA_FIELDS
@@ -111,11 +113,19 @@ def refused_from_the_guard_on(outcomes, message):
 
 def prepared_during_collections(reentry, batch, **kwargs):
     """``prepare_inputs(*batch, **kwargs)`` with a collection starting at every allocation
-    of a tracked object it makes, each running ``reentry``."""
+    of a tracked object it makes, each running ``reentry`` while the call runs.
+
+    ``reentry`` is disarmed from C as the call returns (``map`` over two C callables, no
+    bytecode in between): from CPython 3.12 a collection an allocation asked for runs at
+    the interpreter's next check for pending work, which, for a call made from bytecode,
+    comes right after the call returns. A call on the holder there is one made after this
+    call returned, which may overwrite its arrays (``out=`` results are the next call's to
+    overwrite)."""
+    call = functools.partial(prepare_inputs, *batch, **kwargs)
+    disarm = functools.partial(setattr, reentry, "armed", False)
     with at_every_collection(reentry):
-        reentry.armed = True  # (stores that allocate nothing, around the call alone)
-        inputs = prepare_inputs(*batch, **kwargs)
-        reentry.armed = False
+        reentry.armed = True  # (a store that allocates nothing)
+        inputs, _ = map(operator.call, (call, disarm))
     return inputs
 
 
