@@ -12,6 +12,7 @@ prepared into buffers of its own gives. The same holds for ``InputPreparer.prepa
 
 import functools
 import operator
+import sys
 
 import pytest
 from test_collector_reach import at_every_collection
@@ -106,8 +107,13 @@ def refused_from_the_guard_on(outcomes, message):
     """``outcomes`` (a Reentry's) show the call's guard held from its first refusal to the
     end of the call: an attempt before it (the argument checks, a first call making the
     holder's writer) ran to its end before the call wrote anything, which is harmless, but
-    none ran once one was refused."""
-    assert message in outcomes, outcomes
+    none ran once one was refused. Up to CPython 3.11 a collection starts at the allocation
+    that asks for it, so some attempt falls inside the guard; from 3.12 it waits for the
+    interpreter's next check for pending work, which compiled code that calls no Python
+    function never makes: such a call may then see no attempt while it holds its guard."""
+    if message not in outcomes:
+        assert sys.version_info >= (3, 12), outcomes
+        return
     assert set(outcomes[outcomes.index(message):]) == {message}, outcomes
 
 
