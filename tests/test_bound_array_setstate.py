@@ -210,9 +210,9 @@ def test_new_memory_given_by_code_the_call_runs_is_refused(backend, how, owner):
 
     if how == "__index__":
         started.append(True)
-        call = lambda: prepare_inputs([], requests, max_draft_len=RunsOnIndex(give_once), out=out)  # noqa: E731
+        call = lambda: prepare_inputs([], requests, max_draft_len=RunsOnIndex(give_once), out=out)
     else:
-        call = lambda: prepare_inputs([], generation(), out=out)  # noqa: E731
+        call = lambda: prepare_inputs([], generation(), out=out)
     if how == "collection":
         with at_every_collection(give_once):
             expect_refused(name, call, compared, requests)

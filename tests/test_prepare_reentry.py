@@ -16,6 +16,7 @@ import sys
 
 import pytest
 from test_collector_reach import at_every_collection
+
 from tokcy import RequestState
 from tokcy.executor import ARRAY_FIELDS, COUNT_FIELDS, HostBuffers, prepare_inputs
 from tokcy.executor._metadata import GROUP_FIELDS, METADATA_FIELDS
