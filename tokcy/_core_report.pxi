@@ -340,9 +340,7 @@ cdef class ReportState:
             # the groups are read inside the guard: an iterator that calls back is refused
             # too. A list is read in place: nothing below runs Python code before the plan
             # is complete, so it cannot change under pass 1, and pass 2 never reads it.
-            groups = [as_list(context_requests, _report_checks.CONTEXT),
-                      as_list(generation_requests, _report_checks.GENERATION),
-                      as_list(device_token_requests, _report_checks.DEVICE_TOKEN)]
+            groups = [as_list(context_requests, 0), as_list(generation_requests, 1), as_list(device_token_requests, 2)]
             # the report's object now, while a failure loses nothing: from pass 2 on nothing can fail
             columns = ReportColumns.__new__(ReportColumns)
             arena.inspect()  # before the plan: this may run Python code (numpy's buffer export)

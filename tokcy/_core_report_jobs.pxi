@@ -231,8 +231,15 @@ cdef inline uint64_t hash_request_id(int64_t request_id) noexcept nogil:
     return x ^ (x >> 31)
 
 
-cdef inline list as_list(object requests, str name):
-    return <list>requests if type(requests) is list else _report_checks.request_group(requests, name, list)
+cdef inline list as_list(object requests, int kind):
+    """Request group ``kind`` (0 context, 1 generation, 2 device-token) as a list: a list
+    as given, a tuple copied (the default () of device_token_requests: no Python call
+    per report), anything else through the shared check that names a non-iterable."""
+    if type(requests) is list:
+        return <list>requests
+    if type(requests) is tuple:
+        return list(<tuple>requests)
+    return _report_checks.request_group(requests, _report_checks.GROUPS[kind], list)
 
 
 cdef inline int check_span(int64_t request_id, Py_ssize_t begin, Py_ssize_t end, Py_ssize_t size,

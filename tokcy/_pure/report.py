@@ -97,7 +97,8 @@ class ReportState:
         try:
             # the compiled core's order: a group that is not a list is made one first (in
             # argument order: that may run caller code), then the lists given are read
-            groups = [group if type(group) is list else checks.request_group(group, name, list)
+            groups = [group if type(group) is list else list(group) if type(group) is tuple
+                      else checks.request_group(group, name, list)
                       for group, name in zip((context_requests, generation_requests, device_token_requests),
                                              checks.GROUPS)]
             groups = tuple(list(group) for group in groups)  # no caller code runs from here on
