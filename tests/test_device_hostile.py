@@ -128,3 +128,19 @@ def test_previous_tokens_without_a_column_are_named(backend):
         preparer.prepare([], [], device_token_requests=[plain],
                          previous_new_tokens=torch.zeros((4, 0), dtype=torch.int32))
 
+
+
+@pytest.mark.parametrize("group", ["context_requests", "generation_requests", "device_token_requests"])
+def test_a_group_that_is_not_iterable_is_named(backend, group):
+    """A single Request where a list of them goes, in each group of InputPreparer.prepare:
+    the TypeError prepare_inputs gives, and the step neither copies nor moves its ring."""
+    preparer = InputPreparer(16, 4)
+    request = decoding(backend, 3, [1, 2], [], slot=0)
+    groups = {"context_requests": [], "generation_requests": [], group: request}
+    before = preparer.last_copy_bytes
+    with pytest.raises(TypeError) as caught:
+        preparer.prepare(**groups, previous_new_tokens=torch.zeros(4, dtype=torch.int32))
+    assert str(caught.value) == f"{group} must be a list (or another iterable) of Requests, not a Request"
+    assert preparer.last_copy_bytes == before
+    step = preparer.prepare([], [request])  # the preparer serves the next step
+    assert step.input_ids.tolist() == [2]
