@@ -21,7 +21,8 @@
 # write_deltas() the changed entries after the used input ids (delta_start(), delta_end()).
 #
 # The pieces of the plan (GroupSpec, the device table's rows, one row's delta) are in
-# _core_metadata_plan.pxi, included just before this file.
+# _core_metadata_plan.pxi, included just before this file; binding the outputs (bind(),
+# bind_device_table()) in _core_metadata_bind.pxi, included just after it.
 
 
 @cython.final
@@ -93,92 +94,8 @@ cdef class AttentionMetadata:
         tuple each) ``slot_mapping`` (int64), ``kv_indptr``, ``kv_last_page_len`` and, unless
         None (a device gathers them), ``block_table`` (2-D, max_blocks_per_seq columns) and
         ``kv_indices``. Every array C-contiguous and writable."""
-        cdef Py_ssize_t group, count, width
-        cdef int32_t[:, ::1] dense
-        cdef int64_t* slots[MAX_LAYER_GROUPS]
-        cdef int32_t* indptr[MAX_LAYER_GROUPS]
-        cdef int32_t* last_page_len[MAX_LAYER_GROUPS]
-        cdef int32_t* tables[MAX_LAYER_GROUPS]
-        cdef int32_t* indices[MAX_LAYER_GROUPS]
-        cdef Py_ssize_t cap_indices[MAX_LAYER_GROUPS]
-        cdef int32_t* lens
-        cdef int32_t* cu_lens
-        cdef Py_ssize_t cap_tokens = -1, cap_seqs, length, cu_length
-        if self.busy:
-            _checks.metadata_busy()
-        # busy for the whole call: the checks read the arrays' attributes, which may run
-        # Python code that lets another thread in; a writer's call then is refused, as one
-        # whose second pass may be writing these outputs without the GIL must not see them swapped
-        self.busy = True
-        try:
-            # the groups' sequences as tuples first: what the checks count is what is bound
-            # (a sequence's len() may change between two calls)
-            slot_mapping, kv_indptr, kv_last_page_len = tuple(slot_mapping), tuple(kv_indptr), tuple(kv_last_page_len)
-            block_table = None if block_table is None else tuple(block_table)
-            kv_indices = None if kv_indices is None else tuple(kv_indices)
-            # the twin's checks, in its order
-            width = _checks.check_metadata_arrays(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr,
-                                                  kv_last_page_len, block_table, kv_indices)
-            count = len(slot_mapping)
-            arrays = (kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len, block_table, kv_indices)
-            # what keeps their memory where it is, and what every write checks of it: made
-            # before any pointer is taken
-            given, names = _checks.named_arrays(
-                kv_lens=kv_lens, cu_kv_seqlens=cu_kv_seqlens, slot_mapping=slot_mapping, kv_indptr=kv_indptr,
-                kv_last_page_len=kv_last_page_len, block_table=block_table, kv_indices=kv_indices)
-            bound = bound_memory(given, names)
-            # every pointer taken (each array checked) before anything changes: a bad array
-            # leaves the writer bound to its old arrays, which it still owns
-            # through plain views (int32_pointer()): their buffers are numpy's, over memory
-            # ``bound`` keeps (a subclass's __buffer__ may export another)
-            lens = int32_pointer(kv_lens, &length)
-            cu_lens = int32_pointer(cu_kv_seqlens, &cu_length)
-            cap_seqs = min(length, cu_length - 1)
-            for group in range(count):
-                slots[group] = int64_pointer(arrays[2][group], &length)
-                cap_tokens = length if cap_tokens < 0 else min(cap_tokens, length)
-                indptr[group] = int32_pointer(arrays[3][group], &length)
-                cap_seqs = min(cap_seqs, length - 1)
-                last_page_len[group] = int32_pointer(arrays[4][group], &length)
-                cap_seqs = min(cap_seqs, length)
-                if block_table is None:
-                    tables[group] = NULL
-                    indices[group] = NULL
-                    cap_indices[group] = -1
-                else:
-                    dense = NDARRAY.view(arrays[5][group], NDARRAY)  # as int32_pointer()
-                    if dense.shape[1] != width:  # (the check above read .shape, which a subclass may fake)
-                        _checks.dense_columns(group, width, dense.shape[1])
-                    tables[group] = &dense[0, 0] if dense.shape[0] else NULL
-                    check_still_over(arrays[5][group], tables[group])
-                    cap_seqs = min(cap_seqs, dense.shape[0])
-                    indices[group] = int32_pointer(arrays[6][group], &cap_indices[group])
-            self.release()
-            # what was bound is released on return, once no pointer is into it
-            retired = (self._arrays, self._bound_memory, self._device_arrays, self._device_memory, self.rows)
-            # the device table's arrays were sized with the old ones (cap_seqs): unbound with them
-            self.has_device_table = False
-            self.rows = None
-            self._device_arrays = None
-            self._device_memory = None
-            self._arrays = arrays
-            self._bound_memory = bound
-            self.width = width
-            self.kv_lens = lens
-            self.cu_kv_seqlens = cu_lens
-            self.cap_tokens = cap_tokens
-            self.cap_seqs = cap_seqs
-            for group in range(count):
-                self.slot_mapping[group] = slots[group]
-                self.kv_indptr[group] = indptr[group]
-                self.kv_last_page_len[group] = last_page_len[group]
-                self.block_table[group] = tables[group]
-                self.kv_indices[group] = indices[group]
-                self.cap_indices[group] = cap_indices[group]
-            self.num_bound_groups = count
-            self._block_sizes = None
-        finally:
-            self.busy = False
+        bind_outputs(self, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
+                     block_table, kv_indices)
 
     def bind_device_table(self, rows, table_slots, delta_area, gather_blocks, gather_live, gather_base):
         """Keep the device block table whose rows ``rows`` describes: per sequence write the
@@ -188,63 +105,7 @@ cdef class AttentionMetadata:
         (int64: where its slot's row starts in the group's flat device table, plus its
         blocks, minus its CSR end: CSR entry ``k`` of the sequence is table entry base + k).
         ``delta_area`` must be 8-byte aligned: the changed entries' indices are int64."""
-        cdef Py_ssize_t group, count = self.num_bound_groups
-        cdef int32_t* blocks[MAX_LAYER_GROUPS]
-        cdef int64_t* live[MAX_LAYER_GROUPS]
-        cdef int64_t* base[MAX_LAYER_GROUPS]
-        cdef int32_t* slots
-        cdef int32_t* deltas
-        cdef Py_ssize_t cap_seqs, length, delta_capacity
-        if self.busy:
-            _checks.metadata_busy()
-        # busy for the whole call, as bind()
-        self.busy = True
-        try:
-            if self._arrays is None:
-                raise RuntimeError("bind() the metadata arrays first")
-            if not isinstance(rows, DeviceTableRows):
-                raise TypeError(f"Argument 'rows' has incorrect type (expected tokcy._core.DeviceTableRows, "
-                                f"got {type(rows).__name__})")
-            if (<DeviceTableRows>rows).num_groups != count or (<DeviceTableRows>rows).width != self.width:
-                raise ValueError(f"the device table has {rows.num_groups} groups of {rows.width} columns, "
-                                 f"the outputs {count} of {self.width}")
-            gathers = (tuple(gather_blocks), tuple(gather_live), tuple(gather_base))  # counted as bound (see bind())
-            if len(gathers[0]) != count or len(gathers[1]) != count or len(gathers[2]) != count:
-                raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
-            _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # the twin's checks and order
-            given, names = _checks.named_arrays(
-                table_slots=table_slots, delta_area=delta_area, gather_blocks=gathers[0], gather_live=gathers[1],
-                gather_base=gathers[2])
-            bound = bound_memory(given, names)  # as bind()
-            slots = int32_pointer(table_slots, &length)
-            cap_seqs = min(self.cap_seqs, length)
-            deltas = int32_pointer(delta_area, &delta_capacity)
-            if <uintptr_t>deltas % 8:  # (checked above through .ctypes, which a subclass may fake)
-                _checks.misaligned_delta_area()
-            for group in range(count):  # every pointer taken (each array checked) before anything changes
-                blocks[group] = int32_pointer(gathers[0][group], &length)
-                cap_seqs = min(cap_seqs, length)
-                live[group] = int64_pointer(gathers[1][group], &length)
-                cap_seqs = min(cap_seqs, length)
-                base[group] = int64_pointer(gathers[2][group], &length)
-                cap_seqs = min(cap_seqs, length)
-            self.release()
-            retired = (self._device_arrays, self._device_memory, self.rows)  # released on return, once unused
-            self.rows = rows
-            self._device_arrays = (table_slots, delta_area, gathers)
-            self._device_memory = bound
-            self.table_slots = slots
-            self.delta_area = deltas
-            self.cap_seqs = cap_seqs
-            for group in range(count):
-                self.gather_blocks[group] = blocks[group]
-                self.gather_live[group] = live[group]
-                self.gather_base[group] = base[group]
-            self.delta_capacity = delta_capacity
-            self.max_slots = rows.max_slots
-            self.has_device_table = True
-        finally:
-            self.busy = False
+        bind_device_outputs(self, rows, table_slots, delta_area, gather_blocks, gather_live, gather_base)
 
     # ------------------------------------------------------------------ pass 1
     cdef int configure(self, object block_sizes) except -1:
@@ -428,10 +289,14 @@ cdef class AttentionMetadata:
         cdef bint device = self.has_device_table, owns = self.owns_refs
         cdef int64_t* slot_seen = NULL
         cdef int64_t* slot_request = NULL
+        cdef const int64_t* row_stamps = NULL
+        cdef const Py_ssize_t* row_lengths = NULL
+        cdef const Py_ssize_t* row_released = NULL
         if device:
             slot_seen = self.rows.slot_seen
             slot_request = self.rows.slot_request
             plan_stamp = self.rows.plan_stamp
+            row_stamps, row_lengths, row_released = self.rows.row_stamps, self.rows.row_lengths, self.rows.row_released
         while index < end:
             request = items[index]
             if (<Request>request)._num_groups != num_groups:
@@ -461,8 +326,11 @@ cdef class AttentionMetadata:
                     break
                 set_group_spec(spec + 1, buffer1, size1, released1)  # nothing fails after this
                 if device:  # group 0's delta first (as plan_sequence() orders them)
-                    changes += self.record_delta(spec, 0, slot)
-                    changes += self.record_delta(spec + 1, 1, slot)
+                    if not row_holds(buffer, size, released, row_stamps, row_lengths, row_released, slot):
+                        changes += self.record_delta(spec, 0, slot)
+                    if not row_holds(buffer1, size1, released1, row_stamps, row_lengths, row_released,
+                                     max_slots + slot):
+                        changes += self.record_delta(spec + 1, 1, slot)
                 if owns:
                     Py_INCREF(<object>spec[1].storage_owner)
                     Py_INCREF(<object>buffer1)
@@ -474,8 +342,8 @@ cdef class AttentionMetadata:
                 if count < 0:
                     break
                 changes += count
-            elif device:  # group 0's row of the slot
-                changes += self.record_delta(spec, 0, slot)
+            elif device and not row_holds(buffer, size, released, row_stamps, row_lengths, row_released, slot):
+                changes += self.record_delta(spec, 0, slot)  # group 0's row of the slot sends entries
             if device:
                 slot_seen[slot] = plan_stamp
                 slot_request[slot] = (<Request>request)._request_id

@@ -152,6 +152,17 @@ cdef class DeviceTableRows:
             self.row_lengths[row] = self.width
 
 
+cdef inline bint row_holds(PyObject* buffer, Py_ssize_t num_blocks, Py_ssize_t num_released,
+                           const int64_t* row_stamps, const Py_ssize_t* row_lengths, const Py_ssize_t* row_released,
+                           Py_ssize_t row) noexcept:
+    """Whether device-table ``row`` holds the table of Int32Buffer ``buffer`` (planned with
+    ``num_blocks`` ids, ``num_released`` released) as it is: the usual decode step, which
+    sends nothing. The decode runs ask this first, with the row arrays at hand."""
+    cdef int64_t stamp = (<Int32Buffer>buffer).table_stamp
+    return (stamp != 0 and stamp == row_stamps[row] and row_lengths[row] == num_blocks
+            and (<Int32Buffer>buffer).table_dirty_from >= num_blocks and row_released[row] == num_released)
+
+
 cdef inline Py_ssize_t plan_row_delta(GroupSpec* spec, PyObject* buffer, const int64_t* row_stamps,
                                       const Py_ssize_t* row_lengths, const Py_ssize_t* row_released,
                                       Py_ssize_t row) noexcept:
@@ -160,9 +171,8 @@ cdef inline Py_ssize_t plan_row_delta(GroupSpec* spec, PyObject* buffer, const i
     when it is not 0, the ranges recorded in ``spec``."""
     cdef Py_ssize_t sent = row_lengths[row], start
     cdef int64_t stamp = (<Int32Buffer>buffer).table_stamp
-    if (stamp != 0 and stamp == row_stamps[row] and sent == spec.num_blocks
-            and (<Int32Buffer>buffer).table_dirty_from >= sent and row_released[row] == spec.num_released):
-        return 0  # the usual decode step: the row holds the table as it is (the rest below gives 0 too)
+    if row_holds(buffer, spec.num_blocks, spec.num_released, row_stamps, row_lengths, row_released, row):
+        return 0  # the usual decode step (the rest below gives 0 too)
     spec.row = row
     if stamp != 0 and stamp == row_stamps[row]:
         # the row holds this table as of its last read: only the marked tail and newly
