@@ -28,11 +28,13 @@ REPORTS=$(mktemp -d)
 status=0
 # Tests whose point is object lifetimes (a request, buffer or table freed while a loop
 # points into it), run a second time with every Python object a malloc block.
-LIFETIME_TESTS=(tests/test_memory_safety.py tests/test_prepare_ownership.py tests/test_fuzz_calls.py
+LIFETIME_TESTS=(tests/test_memory_safety_calls.py tests/test_memory_safety_state.py
+                tests/test_memory_safety_views.py tests/test_prepare_ownership.py tests/test_fuzz_calls.py
                 tests/test_connector_output_reuse.py tests/test_connector_threads.py
                 tests/test_change_tracking.py tests/test_executor_duplicates.py
                 tests/test_request_lifecycle.py tests/test_robustness.py tests/test_request_data.py
-                tests/test_connector_direct_rows.py tests/test_hostile_callbacks.py tests/test_allocation_failures.py)
+                tests/test_connector_direct_rows.py tests/test_hostile_requests.py tests/test_hostile_writers.py
+                tests/test_hostile_holders.py tests/test_allocation_failures.py)
 
 # detect_leaks=0: CPython's own allocations at exit are not ours to judge; every other
 # report halts the process (halt_on_error, and -fno-sanitize-recover=all in the build).

@@ -26,7 +26,7 @@ import weakref
 
 import numpy as np
 import pytest
-from test_hostile_callbacks import decode_requests
+from hostile_code import decode_requests
 
 from tokcy.bench.backends import name_of
 from tokcy.executor import HostBuffers, prepare_inputs

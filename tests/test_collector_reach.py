@@ -10,12 +10,11 @@ import sys
 from contextlib import contextmanager
 
 import pytest
+from hostile_code import when_storage_retires
 
 from tokcy import RequestState
 from tokcy.connector import SchedulerOutputManager
 from tokcy.connector.output import COLUMNS
-
-from tests.test_hostile_callbacks import when_storage_retires
 
 
 def test_clearing_the_lists_that_refer_to_a_column_leaves_every_column_as_it_was(backend):
