@@ -1,5 +1,5 @@
 # BlockTable (compiled core) and the conversions of Python values to token and block ids
-# that it and Request share. Same behaviour and errors as tokcy/_pure/request.py.
+# that it and Request share. Same behaviour and errors as tokcy/_pure/block_table.py.
 
 cdef extern from "Python.h":
     # (Python 3.10+) pause and resume the garbage collector; each says whether it was enabled

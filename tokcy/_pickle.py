@@ -73,9 +73,11 @@ def _own_field(base, name):
     """Whether ``name`` is a field or method of ``base`` (a backend's ``Request`` or
     ``BlockTable``) on either backend: the twin's class declares every field as a slot,
     so both refuse the same names."""
-    from tokcy._pure import request as twin
+    from tokcy._pure.block_table import BlockTable
+    from tokcy._pure.request import Request
 
-    return hasattr(base, name) or hasattr(getattr(twin, base.__name__), name)
+    twin = BlockTable if base.__name__ == "BlockTable" else Request
+    return hasattr(base, name) or hasattr(twin, name)
 
 
 def _subclass_slot(cls, base, name):
