@@ -117,6 +117,7 @@ cdef class BoundMemory:
     fields (no Python code runs), before every write."""
     cdef tuple guards
     cdef tuple watched             # _invariants.bound_memory's entries, which hold what the records borrow
+    cdef tuple taken               # its (array, data address) of each bound array, read before its guards
     cdef OwnerRecord* records
     cdef Py_ssize_t count
 
@@ -130,6 +131,22 @@ cdef class BoundMemory:
         if ARRAY_FIELDS_AGREE and first_moved(self.records, self.count) < 0:
             return 0
         return self.refuse_moved()
+
+    cdef int check_taken(self, object array, const void* pointer) except -1:
+        """RuntimeError unless ``pointer``, taken into the bound ``array`` (after
+        check_still_over), is where ``array``'s memory started when its guards were made
+        (``_invariants.bound_memory``'s ``taken``): code that ran in between may have given
+        the array memory of its own, which nothing here keeps or watches. (A NULL ``pointer``,
+        of an empty array, is never written through.)"""
+        cdef Py_ssize_t index
+        if pointer == NULL:
+            return 0
+        for index in range(len(self.taken)):
+            entry = <tuple>self.taken[index]
+            if entry[0] is array and <uintptr_t>entry[1] != <uintptr_t>pointer:
+                raise RuntimeError("an output array was given other memory by code that ran while it was bound: "
+                                   "nothing was bound")
+        return 0
 
     cdef int refuse_moved(self) except -1:
         """check()'s slow path: the RuntimeError naming the array that moved, found from the
@@ -181,9 +198,10 @@ cdef BoundMemory bound_memory(tuple arrays, tuple names):
     cdef BoundMemory memory = BoundMemory.__new__(BoundMemory)
     cdef OwnerRecord* record
     cdef Py_ssize_t index
-    guards, watched = _invariants.bound_memory(arrays, names)
+    guards, watched, taken = _invariants.bound_memory(arrays, names)
     memory.guards = pinned(guards)
     memory.watched = watched
+    memory.taken = taken
     memory.records = <OwnerRecord*>malloc(max(1, len(watched)) * sizeof(OwnerRecord))
     if memory.records == NULL:
         raise MemoryError()

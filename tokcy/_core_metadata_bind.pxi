@@ -47,15 +47,15 @@ cdef int bind_outputs(AttentionMetadata meta, object max_blocks_per_seq, object 
         # leaves the writer bound to its old arrays, which it still owns
         # through plain views (int32_pointer()): their buffers are numpy's, over memory
         # ``bound`` keeps (a subclass's __buffer__ may export another)
-        lens = int32_pointer(kv_lens, &length)
-        cu_lens = int32_pointer(cu_kv_seqlens, &cu_length)
+        lens = int32_pointer(kv_lens, &length, bound)
+        cu_lens = int32_pointer(cu_kv_seqlens, &cu_length, bound)
         cap_seqs = min(length, cu_length - 1)
         for group in range(count):
-            slots[group] = int64_pointer(arrays[2][group], &length)
+            slots[group] = int64_pointer(arrays[2][group], &length, bound)
             cap_tokens = length if cap_tokens < 0 else min(cap_tokens, length)
-            indptr[group] = int32_pointer(arrays[3][group], &length)
+            indptr[group] = int32_pointer(arrays[3][group], &length, bound)
             cap_seqs = min(cap_seqs, length - 1)
-            last_page_len[group] = int32_pointer(arrays[4][group], &length)
+            last_page_len[group] = int32_pointer(arrays[4][group], &length, bound)
             cap_seqs = min(cap_seqs, length)
             if block_table is None:
                 tables[group] = NULL
@@ -67,8 +67,9 @@ cdef int bind_outputs(AttentionMetadata meta, object max_blocks_per_seq, object 
                     _checks.dense_columns(group, width, dense.shape[1])
                 tables[group] = &dense[0, 0] if dense.shape[0] else NULL
                 check_still_over(arrays[5][group], tables[group])
+                bound.check_taken(arrays[5][group], tables[group])
                 cap_seqs = min(cap_seqs, dense.shape[0])
-                indices[group] = int32_pointer(arrays[6][group], &cap_indices[group])
+                indices[group] = int32_pointer(arrays[6][group], &cap_indices[group], bound)
         meta.release()
         # what was bound is released on return, once no pointer is into it
         retired = (meta._arrays, meta._bound_memory, meta._device_arrays, meta._device_memory, meta.rows)
@@ -129,17 +130,17 @@ cdef int bind_device_outputs(AttentionMetadata meta, object rows, object table_s
             table_slots=table_slots, delta_area=delta_area, gather_blocks=gathers[0], gather_live=gathers[1],
             gather_base=gathers[2])
         bound = bound_memory(given, names)  # as bind()
-        slots = int32_pointer(table_slots, &length)
+        slots = int32_pointer(table_slots, &length, bound)
         cap_seqs = min(meta.cap_seqs, length)
-        deltas = int32_pointer(delta_area, &delta_capacity)
+        deltas = int32_pointer(delta_area, &delta_capacity, bound)
         if <uintptr_t>deltas % 8:  # (checked above through .ctypes, which a subclass may fake)
             _checks.misaligned_delta_area()
         for group in range(count):  # every pointer taken (each array checked) before anything changes
-            blocks[group] = int32_pointer(gathers[0][group], &length)
+            blocks[group] = int32_pointer(gathers[0][group], &length, bound)
             cap_seqs = min(cap_seqs, length)
-            live[group] = int64_pointer(gathers[1][group], &length)
+            live[group] = int64_pointer(gathers[1][group], &length, bound)
             cap_seqs = min(cap_seqs, length)
-            base[group] = int64_pointer(gathers[2][group], &length)
+            base[group] = int64_pointer(gathers[2][group], &length, bound)
             cap_seqs = min(cap_seqs, length)
         meta.release()
         retired = (meta._device_arrays, meta._device_memory, meta.rows)  # released on return, once unused

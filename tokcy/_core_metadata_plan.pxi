@@ -68,24 +68,27 @@ cdef inline void set_group_spec(GroupSpec* spec, PyObject* buffer, Py_ssize_t nu
 # into ``length``: both from the buffer numpy exports (typed, C-contiguous, writable), never
 # from what the object says of itself (an ndarray subclass may answer len() or .shape
 # with anything).
-cdef int32_t* int32_pointer(object array, Py_ssize_t* length) except? NULL:
+cdef int32_t* int32_pointer(object array, Py_ssize_t* length, BoundMemory bound) except? NULL:
     """Where the int32 entries of ``array`` (an output being bound) start, NULL for none,
     and their count into ``length``: taken through a plain view (numpy's export of the
     array's memory, whatever its class exports) and checked to lie where the array's
-    memory starts (check_still_over)."""
+    memory starts (check_still_over), and where it started when ``bound`` was made
+    (BoundMemory.check_taken)."""
     cdef int32_t[::1] memory = NDARRAY.view(array, NDARRAY)
     cdef int32_t* data = &memory[0] if memory.shape[0] else NULL
     length[0] = memory.shape[0]
     check_still_over(array, data)
+    bound.check_taken(array, data)
     return data
 
 
-cdef int64_t* int64_pointer(object array, Py_ssize_t* length) except? NULL:
+cdef int64_t* int64_pointer(object array, Py_ssize_t* length, BoundMemory bound) except? NULL:
     """int32_pointer() for int64 entries."""
     cdef int64_t[::1] memory = NDARRAY.view(array, NDARRAY)
     cdef int64_t* data = &memory[0] if memory.shape[0] else NULL
     length[0] = memory.shape[0]
     check_still_over(array, data)
+    bound.check_taken(array, data)
     return data
 
 

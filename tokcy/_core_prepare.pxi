@@ -134,6 +134,7 @@ cdef class InputWriter:
         memory[10] = &device_token_slots[0] if device_token_slots.shape[0] else NULL
         for index in range(11):
             check_still_over(arrays[index], memory[index])
+            bound.check_taken(arrays[index], memory[index])  # and over the memory ``bound`` keeps
         retired = (self._arrays, self._bound_memory)
         self._arrays = views
         self._bound_memory = bound

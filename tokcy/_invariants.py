@@ -207,6 +207,10 @@ _real_flags = np.ndarray.flags.__get__
 _real_dtype = np.ndarray.dtype.__get__
 _real_size = np.ndarray.size.__get__
 _real_ctypes = np.ndarray.ctypes.__get__
+# what np.lib.stride_tricks.as_strided gives the array it makes as its base: an object that shows
+# numpy the memory of the array it keeps in its ``base`` attribute (which numpy's ``base`` chain
+# then does not reach)
+_STRIDED_BASE = type(np.lib.stride_tricks.as_strided(np.zeros(1)).base)
 
 
 def _data_address(array):
@@ -222,9 +226,10 @@ def _watched(name, array):
 
 
 def bound_memory(arrays, names):
-    """``(guards, watched)`` for the output ``arrays`` a writer binds (numpy arrays, named
-    ``names``; None entries skipped): what keeps their memory where it is while the writer
-    keeps pointers into it, and what each of its calls checks before it writes.
+    """``(guards, watched, taken)`` for the output ``arrays`` a writer binds (numpy arrays,
+    named ``names``; None entries skipped): what keeps their memory where it is while the
+    writer keeps pointers into it, what each of its calls checks before it writes, and
+    where each array's memory started when its guards were made.
 
     ``guards``:
 
@@ -241,6 +246,8 @@ def bound_memory(arrays, names):
       export was already released). The compiled core also holds a buffer export of that
       memoryview in C (``pinned()``), so that not even code that reaches it, through the
       collector's introspection, can release it;
+    - the object ``np.lib.stride_tricks.as_strided`` makes the base of its array, and the
+      numpy array that object keeps (walked as a base: its memory is that array's);
     - what owns that memory when it is no numpy array (a bytearray, or the compiled core's
       memory behind the holders' own arrays), which then outlives any ``__setstate__`` of
       the arrays; and, where numpy holds no export of it (``np.ndarray(..., buffer=owner)``,
@@ -255,18 +262,31 @@ def bound_memory(arrays, names):
     ``moved_array``): an owner must still own as many entries, of the same dtype, at the
     same address (the same block, or a new one that holds as much there: either way alive
     and its own). ``__setstate__`` on an array that owns no memory frees none: the writer
-    keeps writing the memory it was bound to, which that array no longer shows."""
-    guards, watched, owners = [], [], set()
+    keeps writing the memory it was bound to, which that array no longer shows.
+
+    ``taken``: ``(array, data)`` for each bound array, its data address read before its
+    guards and owners are: the pointer (or plain view) a writer then takes into it must
+    start there (``check_taken``). Code that runs in between (a collection's callback) may
+    give the array memory of its own with ``__setstate__``, which neither ``guards`` nor
+    ``watched`` cover: a pointer into that would be freed by its next ``__setstate__``."""
+    guards, watched, taken, owners = [], [], [], set()
     for array, name in zip(arrays, names):
         if isinstance(array, np.ndarray):
             guards.append(array)
+        given = True
         while isinstance(array, np.ndarray):
             guards.append(weakref.ref(array))
+            if given:  # read first: a change of its memory after this is seen by check_taken
+                given = False
+                taken.append((array, _data_address(array)))
             if _real_flags(array).owndata and id(array) not in owners:
                 owners.add(id(array))
                 guards.append(array)
                 watched.append(_watched(name, array))
             array = _real_base(array)  # numpy's own: a subclass's base property may say anything
+            if type(array) is _STRIDED_BASE:  # (as_strided's) its memory is that of the array it keeps
+                guards.append(array)
+                array = vars(array).get("base")
             if isinstance(array, memoryview):
                 try:
                     guards.append(memoryview(array))
@@ -283,7 +303,18 @@ def bound_memory(arrays, names):
                     guards.append(memoryview(array))
                 except TypeError:  # no buffer to export (the compiled core's own memory)
                     pass
-    return tuple(guards), tuple(watched)
+    return tuple(guards), tuple(watched), tuple(taken)
+
+
+def check_taken(taken, views):
+    """The twin's check of the plain ``views`` it took of the bound arrays (one per
+    ``taken`` entry of ``bound_memory``, in its order): each starts where its array's
+    memory started when its guards were made (RuntimeError otherwise, as the compiled
+    core's; an empty view is never written)."""
+    for (_, data), view in zip(taken, views, strict=True):
+        if _real_size(view) and _data_address(view) != data:
+            raise RuntimeError("an output array was given other memory by code that ran while it was bound: "
+                               "nothing was bound")
 
 
 def moved_array(watched):

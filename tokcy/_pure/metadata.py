@@ -130,7 +130,7 @@ class AttentionMetadata:
         count = len(slot_mapping)
         # none can be resized while bound, and what owns their memory is recorded for every write to check (as
         # the compiled twin): from the caller's arrays, before anything changes (they may refuse an array)
-        guards, watched = _invariants.bound_memory(*_checks.named_arrays(
+        guards, watched, taken = _invariants.bound_memory(*_checks.named_arrays(
             kv_lens=kv_lens, cu_kv_seqlens=cu_kv_seqlens, slot_mapping=slot_mapping, kv_indptr=kv_indptr,
             kv_last_page_len=kv_last_page_len, block_table=block_table, kv_indices=kv_indices))
         plain = _checks.plain_array  # written through plain views: their lengths are numpy's, whatever a subclass says
@@ -139,6 +139,9 @@ class AttentionMetadata:
         kv_last_page_len = [plain(a) for a in kv_last_page_len]
         if block_table is not None:
             block_table, kv_indices = [plain(a) for a in block_table], [plain(a) for a in kv_indices]
+        # each over the memory the guards keep (as the compiled twin), in named_arrays' order
+        _invariants.check_taken(taken, (kv_lens, cu_kv_seqlens, *slot_mapping, *kv_indptr, *kv_last_page_len,
+                                        *(block_table or ()), *(kv_indices or ())))
         self.release()
         self.has_device_table = False  # the device table is bound to the old arrays: bind it again
         self._device_guards = self._device_watched = ()
@@ -184,12 +187,13 @@ class AttentionMetadata:
         if len(gathers[0]) != count or len(gathers[1]) != count or len(gathers[2]) != count:
             raise ValueError("one gather_blocks, gather_live and gather_base per layer group")
         _checks.check_device_table_arrays(table_slots, delta_area, gathers)  # as the compiled twin, in its order
-        guards, watched = _invariants.bound_memory(*_checks.named_arrays(  # as bind()
+        guards, watched, taken = _invariants.bound_memory(*_checks.named_arrays(  # as bind()
             table_slots=table_slots, delta_area=delta_area, gather_blocks=gathers[0], gather_live=gathers[1],
             gather_base=gathers[2]))
         plain = _checks.plain_array  # as bind()
         table_slots, delta_area = plain(table_slots), plain(delta_area)
         gathers = tuple(tuple(plain(array) for array in arrays) for arrays in gathers)
+        _invariants.check_taken(taken, (table_slots, delta_area, *gathers[0], *gathers[1], *gathers[2]))
         self.release()
         self._device_guards = guards
         self._device_watched = watched

@@ -90,9 +90,10 @@ class InputWriter:
                       cu_seqlens, request_ids, draft_tokens, draft_lens, device_token_slots)
             # as the compiled twin: none can be resized while bound, and what owns their memory is recorded
             # (before any view of it is taken) for every write to check
-            guards, watched = _invariants.bound_memory(arrays, _checks.BIND_ARRAYS)
+            guards, watched, taken = _invariants.bound_memory(arrays, _checks.BIND_ARRAYS)
             # plain views of the same memory: their lengths are numpy's (a subclass's len() may lie)
             views = _checks.check_bind_arrays(arrays)
+            _invariants.check_taken(taken, views)  # over the memory the guards keep (as the compiled twin)
             arrays = views
             (input_ids, position_ids, gather_ids, seq_lens, num_cached_tokens, prompt_lens, cu_seqlens, request_ids,
              draft_tokens, draft_lens, device_token_slots) = arrays

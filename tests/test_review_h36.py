@@ -1,0 +1,122 @@
+"""Review h36: holes looked for in the bound-memory check, the prepare_inputs(out=) guard
+and the request-group conversion (each test runs on both backends)."""
+
+import numpy as np
+import pytest
+from test_bound_array_setstate import CAPACITY, SENTINEL, decoding, owned_arrays, views_of_one_buffer
+from test_collector_reach import at_every_collection
+
+from tokcy.executor import HostBuffers, prepare_inputs
+from tokcy.executor._metadata import MetadataBuffers
+
+STALE = "^an output array was given other memory by code that ran while it was bound: nothing was bound$"
+MOVED = r"was given new memory by __setstate__ while bound: nothing was written; bind the arrays again$"
+
+
+def give_own_memory(array):
+    """``__setstate__`` with a state under the 1000 bytes numpy copies: ``array`` then owns
+    new memory (200 entries), whatever it showed before."""
+    array.__setstate__(np.full(200, SENTINEL, array.dtype).__reduce__()[2])
+    assert array.flags.owndata
+
+
+def free_its_memory(array):
+    """``__setstate__`` with a state over those 1000 bytes: ``array`` then shows the state's
+    bytes object (alive before, so never where its old memory was), and numpy frees the
+    memory it owned."""
+    array.__setstate__(np.zeros(CAPACITY, array.dtype).__reduce__()[2])
+
+
+def bind_with_a_change_at(k, change, bind):
+    """``bind()`` with a collection at every allocation, ``change()`` run at the k-th only;
+    returns whether the bind went through (False: refused with the stale-memory error)."""
+    count = [0]
+
+    def at_kth():
+        count[0] += 1
+        if count[0] == k:
+            change()
+
+    try:
+        with at_every_collection(at_kth):
+            bind()
+    except RuntimeError as error:
+        assert str(error).startswith("an output array was given other memory") or "new memory by __setstate__" in str(
+            error), error
+        return False
+    return True
+
+
+@pytest.mark.parametrize("k", range(1, 41))
+def test_a_bound_view_given_its_own_memory_while_the_writer_binds(backend, k):
+    """A bound array that is a view of a staging buffer, given memory of its own (``__setstate__``,
+    here from a collection's callback, 200 entries it owns) after the bind recorded which numpy arrays own the
+    bound memory but before it took its pointer (or plain view) into it: the writer then
+    writes memory that no recorded owner holds, which the next ``__setstate__`` of the view
+    frees (heap-use-after-free). Each bind must either be refused, or write memory that is
+    still alive: after the view's second ``__setstate__`` the next call writes the staging
+    buffer (the memory the writer was bound to) or is refused."""
+    arrays, staging = views_of_one_buffer()
+    target = arrays["input_ids"]
+    out = HostBuffers.from_arrays(max_draft_len=2, **arrays)
+    requests = decoding(backend)
+    if not bind_with_a_change_at(k, lambda: give_own_memory(target), lambda: out.writer(backend)):
+        return
+    staging.fill(SENTINEL)
+    free_its_memory(target)
+    churn = [np.full(4096, 99, np.int64) for _ in range(64)]
+    for request in requests:
+        request.add_new_token(40 + request.request_id)
+    try:
+        prepare_inputs([], requests, out=out)
+    except RuntimeError as error:
+        assert "input_ids" in str(error)
+        return
+    assert staging.view(np.int32)[:4].tolist() == [40, 41, 42, 43]
+    assert not (churn[0] - 99).any()
+
+
+@pytest.mark.parametrize("k", range(1, 81))
+def test_a_bound_metadata_view_given_its_own_memory_while_the_metadata_binds(backend, k):
+    """The same for ``AttentionMetadata.bind`` (``MetadataBuffers.from_arrays``): ``kv_lens``
+    a view of a staging buffer, given memory of its own between the record and the pointer."""
+    seqs = CAPACITY // 4
+    staging = np.zeros(4 * CAPACITY, np.int32)
+    kv_lens = staging[:seqs]
+    metadata = MetadataBuffers.from_arrays(4, kv_lens, np.zeros(seqs + 1, np.int32), [np.zeros(CAPACITY, np.int64)],
+                                           [np.zeros(seqs + 1, np.int32)], [np.zeros(seqs, np.int32)])
+    out = HostBuffers.from_arrays(metadata=metadata, **owned_arrays())
+    requests = decoding(backend)
+    if not bind_with_a_change_at(k, lambda: give_own_memory(kv_lens), lambda: metadata.bound(backend)):
+        return
+    staging.fill(SENTINEL)
+    free_its_memory(kv_lens)
+    churn = [np.full(4096, 99, np.int32) for _ in range(64)]
+    for request in requests:
+        request.add_new_token(40)
+    try:
+        prepare_inputs([], requests, block_size=16, out=out)
+    except RuntimeError as error:
+        assert "kv_lens" in str(error)
+        return
+    assert staging[:4].tolist() == [4, 4, 4, 4]
+    assert not (churn[0] - 99).any()
+
+
+def test_an_owner_behind_as_strided_given_new_memory_is_refused(backend):
+    """``np.lib.stride_tricks.as_strided(x)`` (writable, contiguous: bindable) has as its base
+    an object that shows numpy ``x``'s memory and keeps ``x`` in an attribute, not numpy's
+    ``base``: the bound-memory record did not reach ``x``, so ``__setstate__`` on ``x`` freed
+    the memory the writer wrote, unchecked (the compiled core then wrote freed memory: a
+    crash, or a heap-use-after-free under the sanitizer build)."""
+    arrays = owned_arrays()
+    owner = arrays["input_ids"]
+    arrays["input_ids"] = np.lib.stride_tricks.as_strided(owner)
+    out = HostBuffers.from_arrays(max_draft_len=2, **arrays)
+    requests = decoding(backend)
+    assert prepare_inputs([], requests, out=out).input_ids.tolist() == [30, 31, 32, 33]
+    free_its_memory(owner)
+    for request in requests:
+        request.add_new_token(40 + request.request_id)
+    with pytest.raises(RuntimeError, match="^out array input_ids " + r"\(or the array its memory comes from\) " + MOVED):
+        prepare_inputs([], requests, out=out)
