@@ -24,7 +24,13 @@ def free_its_memory(array):
     """``__setstate__`` with a state over those 1000 bytes: ``array`` then shows the state's
     bytes object (alive before, so never where its old memory was), and numpy frees the
     memory it owned."""
-    array.__setstate__(np.zeros(CAPACITY, array.dtype).__reduce__()[2])
+    state = np.zeros(CAPACITY, array.dtype).__reduce__()[2]
+    # numpy keeps up to 7 freed blocks of each size under 1024 bytes for reuse: fill its
+    # cache for this size first, so that the block goes back to malloc (which the sanitizer
+    # build then sees written)
+    full = [np.empty_like(array) for _ in range(16)]
+    del full
+    array.__setstate__(state)
 
 
 def bind_with_a_change_at(k, change, bind):
