@@ -1,5 +1,7 @@
-"""Review h36: holes looked for in the bound-memory check, the prepare_inputs(out=) guard
-and the request-group conversion (each test runs on both backends)."""
+"""A bind takes its pointers into the memory its guards keep: an output array given memory
+of its own while the bind runs (a collection's callback), or whose owner hides behind
+``as_strided``'s base, is refused, never written after that memory is freed (each test on
+both backends; the sanitizer build sees the freed memory written)."""
 
 import numpy as np
 import pytest
