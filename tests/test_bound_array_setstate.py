@@ -319,29 +319,65 @@ def test_a_device_table_array_given_new_memory_is_refused(backend, name):
     expect_refused(name, lambda: writer.prepare([], requests, [], [], 0, None, 0, (16,)), arrays, requests)
 
 
-def test_holder_arrays_without_the_compiled_core_lie_in_memory_no_numpy_array_owns(backend, monkeypatch):
-    """A pure install (no compiled core) allocates a holder's arrays in a bytearray: no
-    numpy array owns that memory, so no __setstate__ can free it, and the twin's check
-    before each write has nothing to read for them (numpy-owned arrays there cost about
-    2 us each per call); the arrays are what a writer binds (writable, aligned)."""
+def owner_of(array):
+    """The numpy array that owns ``array``'s memory (asserting that one does, with no
+    memoryview or other object on the way)."""
+    while not array.flags.owndata:
+        array = array.base
+        assert isinstance(array, np.ndarray)
+    return array
+
+
+def test_holder_arrays_without_the_compiled_core_lie_in_one_block_a_numpy_array_owns(backend, monkeypatch):
+    """A pure install (no compiled core) allocates a holder's arrays as views of one block a
+    numpy array owns, and its metadata's as views of another: no memoryview stands behind
+    them that a caller could release (a bytearray's would free the memory under them),
+    ``__setstate__`` of one of them frees nothing, and the twin's check before each write
+    reads one owner per holder. That owner given new memory is refused as any bound one is."""
     from tokcy.executor import _memory
 
     monkeypatch.setattr(_memory, "_zeroed_array", None)
     holder = HostBuffers(64, 8, 2, max_blocks_per_seq=4)
     metadata = holder.metadata
-    arrays = list(holder.arrays) + [metadata.kv_lens, metadata.cu_kv_seqlens]
+    meta_arrays = [metadata.kv_lens, metadata.cu_kv_seqlens]
     for name in ("slot_mapping", "kv_indptr", "kv_last_page_len", "block_table", "kv_indices"):
-        arrays += getattr(metadata, name)  # one per layer group
-    for array in arrays:
-        assert array.flags.writeable and array.flags.aligned and not array.any()
-        base = array
-        while isinstance(base, np.ndarray):
-            assert not base.flags.owndata
-            base = base.base
-        assert type(base) in (bytearray, memoryview)
-        give_new_memory(array)  # frees nothing: the writer still writes the bytearray it holds
+        meta_arrays += getattr(metadata, name)  # one per layer group
+    owners = []
+    for arrays in (list(holder.arrays), meta_arrays):
+        for array in arrays:
+            assert array.flags.writeable and array.flags.aligned and not array.any()
+        assert len({id(owner_of(array)) for array in arrays}) == 1
+        owners.append(owner_of(arrays[0]))
+    assert owners[0] is not owners[1]
     request = backend.Request(1, [3, 4, 5])
     request.state = RequestState.GENERATION_IN_PROGRESS
     request.block_tables[0].extend([9])
+    prepare_inputs([], [request], out=holder, block_size=4)  # binds the arrays
+    for array in list(holder.arrays) + meta_arrays:
+        give_new_memory(array)  # frees nothing: the writer still writes the block it holds
     inputs = prepare_inputs([], [request], out=holder, block_size=4)
     assert inputs.input_ids.tolist() == [5] and inputs.slot_mapping.tolist() == [38]
+    give_new_memory(owners[0])
+    with pytest.raises(RuntimeError, match=moved("input_ids")):
+        prepare_inputs([], [request], out=holder, block_size=4)
+
+
+def test_holder_arrays_without_the_compiled_core_keep_their_memory_whatever_is_released(backend, monkeypatch):
+    """Once the holder is gone, releasing every memoryview an output array's bases lead to
+    (as any caller may) leaves its memory alive: a pure install's arrays once lay in a
+    bytearray, which numpy shows through a memoryview whose ``release()`` freed it."""
+    from tokcy.executor import _memory
+
+    monkeypatch.setattr(_memory, "_zeroed_array", None)
+    holder = HostBuffers(4096, 8)
+    array = holder.input_ids
+    array[:] = 7
+    del holder
+    found = array.base
+    while found is not None:  # (no memoryview is found: each would be released)
+        following = found.obj if isinstance(found, memoryview) else getattr(found, "base", None)
+        if isinstance(found, memoryview):
+            found.release()
+        found = following
+    churn = [bytearray(4096 * 4) for _ in range(50)]  # would take a block freed by mistake
+    assert (array == 7).all() and len(churn) == 50

@@ -210,7 +210,7 @@ _real_ctypes = np.ndarray.ctypes.__get__
 # what np.lib.stride_tricks.as_strided gives the array it makes as its base: an object that shows
 # numpy the memory of the array it keeps in its ``base`` attribute (which numpy's ``base`` chain
 # then does not reach)
-_STRIDED_BASE = type(np.lib.stride_tricks.as_strided(np.zeros(1)).base)
+_STRIDED_BASE: type = type(np.lib.stride_tricks.as_strided(np.zeros(1)).base)
 
 
 def _data_address(array):

@@ -203,9 +203,8 @@ class HostBuffers:
                                        _count(max_blocks_per_seq, "max_blocks_per_seq", 1),
                                        _count(num_layer_groups, "num_layer_groups", 1))
         arrays = capacity_lengths(max_num_tokens, max_batch_size, max_draft_len)
-        arrays = {
-            name: zeros(size, np.int64 if name == "request_ids" else np.int32) for name, size in arrays.items()
-        }
+        arrays = dict(zip(arrays, zeros(*((size, np.int64 if name == "request_ids" else np.int32)
+                                          for name, size in arrays.items()))))
         self._setup(arrays, max_draft_len, max_beam_width, metadata)
 
     @classmethod

@@ -74,12 +74,14 @@ class MetadataBuffers:
 
     def __init__(self, max_num_tokens, max_batch_size, max_blocks_per_seq, num_layer_groups=1):
         groups = range(_checks.check_layer_groups(num_layer_groups))  # before any array is made
-        self._adopt(max_blocks_per_seq, zeros(max_batch_size, np.int32), zeros(max_batch_size + 1, np.int32),
-                    [zeros(max_num_tokens, np.int64) for _ in groups],
-                    [zeros(max_batch_size + 1, np.int32) for _ in groups],
-                    [zeros(max_batch_size, np.int32) for _ in groups],
-                    [zeros((max_batch_size, max_blocks_per_seq), np.int32) for _ in groups],
-                    [zeros(max_batch_size * max_blocks_per_seq, np.int32) for _ in groups])
+        per_group = ((max_num_tokens, np.int64), (max_batch_size + 1, np.int32), (max_batch_size, np.int32),
+                     ((max_batch_size, max_blocks_per_seq), np.int32), (max_batch_size * max_blocks_per_seq, np.int32))
+        kv_lens, cu_kv_seqlens, *arrays = zeros((max_batch_size, np.int32), (max_batch_size + 1, np.int32),
+                                                *(spec for spec in per_group for _ in groups))
+        slot_mapping, kv_indptr, kv_last_page_len, block_table, kv_indices = (
+            arrays[index * len(groups) : (index + 1) * len(groups)] for index in range(len(per_group)))
+        self._adopt(max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
+                    block_table, kv_indices)
 
     @classmethod
     def from_arrays(cls, max_blocks_per_seq, kv_lens, cu_kv_seqlens, slot_mapping, kv_indptr, kv_last_page_len,
