@@ -3,11 +3,14 @@ of its own while the bind runs (a collection's callback), or whose owner hides b
 ``as_strided``'s base, is refused, never written after that memory is freed (each test on
 both backends; the sanitizer build sees the freed memory written)."""
 
+import sys
+
 import numpy as np
 import pytest
 from test_bound_array_setstate import CAPACITY, SENTINEL, decoding, owned_arrays, views_of_one_buffer
 from test_collector_reach import at_every_collection
 
+from tokcy import _invariants
 from tokcy.executor import HostBuffers, prepare_inputs
 from tokcy.executor._metadata import MetadataBuffers
 
@@ -128,3 +131,31 @@ def test_an_owner_behind_as_strided_given_new_memory_is_refused(backend):
         request.add_new_token(40 + request.request_id)
     with pytest.raises(RuntimeError, match="^out array input_ids " + r"\(or the array its memory comes from\) " + MOVED):
         prepare_inputs([], requests, out=out)
+
+
+@pytest.mark.parametrize("holder", ["HostBuffers", "MetadataBuffers"])
+def test_no_collection_runs_while_a_bind_records_the_memory_of_its_arrays(backend, holder):
+    """The record reads a bound array's address, then walks its bases to the owner and
+    records that: a collection's callback in between could give the owner other memory (a
+    smaller block at the same address), which the record would then take for what the array
+    shows. The collector is paused for that walk (``_invariants._record_memory``);
+    collections still run elsewhere in the bind."""
+    inside, outside = [], []
+
+    def note():
+        frame = sys._getframe()
+        while frame is not None and frame.f_code is not _invariants._record_memory.__code__:
+            frame = frame.f_back
+        (inside if frame is not None else outside).append(1)
+
+    arrays, _ = views_of_one_buffer()
+    if holder == "HostBuffers":
+        bind = HostBuffers.from_arrays(max_draft_len=2, **arrays).writer
+    else:
+        seqs = CAPACITY // 4
+        bind = MetadataBuffers.from_arrays(4, arrays["input_ids"][:seqs], np.zeros(seqs + 1, np.int32),
+                                           [np.zeros(CAPACITY, np.int64)], [np.zeros(seqs + 1, np.int32)],
+                                           [np.zeros(seqs, np.int32)]).bound
+    with at_every_collection(note):
+        bind(backend)
+    assert not inside and outside  # (collections ran in the bind, none inside the record)

@@ -269,7 +269,19 @@ def bound_memory(arrays, names):
     start there (``check_taken``). Code that runs in between (a collection's callback) may
     give the array memory of its own with ``__setstate__``, which neither ``guards`` nor
     ``watched`` cover: a pointer into that would be freed by its next ``__setstate__``."""
-    guards, watched, taken, owners = [], [], [], set()
+    guards, watched, taken = [], [], []
+    # paused: a collection's callback between reading an array's address and recording its
+    # owner could give the owner other memory (a smaller block at that address), which the
+    # records would then take for what the array shows
+    with collector_paused():
+        _record_memory(arrays, names, guards, watched, taken)
+    return tuple(guards), tuple(watched), tuple(taken)
+
+
+def _record_memory(arrays, names, guards, watched, taken):
+    """``bound_memory``'s walk from each array to what owns its memory, appending to its
+    lists; run with the collector paused."""
+    owners = set()
     for array, name in zip(arrays, names):
         if isinstance(array, np.ndarray):
             guards.append(array)
@@ -303,7 +315,6 @@ def bound_memory(arrays, names):
                     guards.append(memoryview(array))
                 except TypeError:  # no buffer to export (the compiled core's own memory)
                     pass
-    return tuple(guards), tuple(watched), tuple(taken)
 
 
 def check_taken(taken, views):
