@@ -78,3 +78,10 @@ def observe(request):
         request.draft_tokens,
         [(table.tolist(), table.num_released) for table in request.block_tables],
     )
+
+
+class RefusesIteration:
+    """A batch whose ``__iter__`` raises TypeError itself (not a batch that is not iterable)."""
+
+    def __iter__(self):
+        raise TypeError("this batch is not ready")

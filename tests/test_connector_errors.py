@@ -6,6 +6,7 @@ and both managers must track the same ids.
 """
 
 import pytest
+from hostile_code import RefusesIteration
 
 from tokcy import RequestState
 from tokcy.connector import SchedulerOutputManager
@@ -266,3 +267,14 @@ def test_a_group_that_is_not_iterable_is_named(backend, group):
     assert manager.num_tracked_requests == 0
     report = manager.build_scheduler_output([], [request])  # its first report: all of it, as if none ran
     assert report.new_requests[0].new_tokens == [5, 6, 7]
+
+
+@pytest.mark.parametrize("group", ["context_requests", "generation_requests", "device_token_requests"])
+def test_a_groups_own_type_error_from_iter_is_raised_as_it_is(backend, group):
+    """An iterable whose ``__iter__`` raises TypeError: that error, as raised, on both
+    backends; the manager tracks nothing."""
+    manager = SchedulerOutputManager()
+    groups = {"context_requests": [], "generation_requests": [], group: RefusesIteration()}
+    with pytest.raises(TypeError, match="^this batch is not ready$"):
+        manager.build_scheduler_output(**groups)
+    assert manager.num_tracked_requests == 0

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from executor_reference import make_request, reference
+from hostile_code import RefusesIteration
 from tokcy import RequestState, _backend, _pure
 from tokcy.executor import ARRAY_FIELDS, HostBuffers, prepare_inputs
 from tokcy.executor._host import COUNT_FIELDS
@@ -554,3 +555,13 @@ def test_a_group_that_is_not_iterable_is_named(backend, group, where, given):
     if out is not None:
         assert all(np.array_equal(array, old) for array, old in zip(out.arrays, before))
     assert request.get_tokens(0) == [5, 6, 7] and request.context_current_position == 0
+
+
+@pytest.mark.parametrize("group", ["context_requests", "generation_requests", "first_draft_requests",
+                                   "device_token_requests"])
+def test_a_groups_own_type_error_from_iter_is_raised_as_it_is(backend, group):
+    """An iterable whose ``__iter__`` raises TypeError: that error, as raised (not the
+    message for a group that is not iterable at all), on both backends."""
+    groups = {"context_requests": [], "generation_requests": [], group: RefusesIteration()}
+    with pytest.raises(TypeError, match="^this batch is not ready$"):
+        prepare_inputs(**groups, max_draft_len=2)

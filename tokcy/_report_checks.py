@@ -23,6 +23,8 @@ def request_group(group, name, container=tuple):
     try:
         items = iter(group)
     except TypeError:
+        if hasattr(type(group), "__iter__"):  # its own __iter__ raised: the caller's error, as raised
+            raise
         raise TypeError(f"{name} must be a list (or another iterable) of Requests, not a "
                         f"{type(group).__name__}") from None
     return container(items)
