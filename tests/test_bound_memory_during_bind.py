@@ -58,6 +58,22 @@ def bind_with_a_change_at(k, change, bind):
     return True
 
 
+def next_call_writes_what_it_was_bound_to(target, staging, call, name, wrote):
+    """After a bind that went through: ``target`` (a bound view of ``staging``) frees the
+    memory it owns; ``call()`` then is refused naming ``name``, or writes ``staging`` (the
+    memory bound: ``wrote()``), never the freed memory (which the arrays made next take)."""
+    staging.fill(SENTINEL)
+    free_its_memory(target)
+    churn = [np.full(4096, 99, staging.dtype) for _ in range(64)]
+    try:
+        call()
+    except RuntimeError as error:
+        assert name in str(error)
+        return
+    assert wrote()
+    assert not (churn[0] - 99).any()
+
+
 @pytest.mark.parametrize("k", range(1, 41))
 def test_a_bound_view_given_its_own_memory_while_the_writer_binds(backend, k):
     """A bound array that is a view of a staging buffer, given memory of its own (``__setstate__``,
@@ -71,20 +87,12 @@ def test_a_bound_view_given_its_own_memory_while_the_writer_binds(backend, k):
     target = arrays["input_ids"]
     out = HostBuffers.from_arrays(max_draft_len=2, **arrays)
     requests = decoding(backend)
-    if not bind_with_a_change_at(k, lambda: give_own_memory(target), lambda: out.writer(backend)):
-        return
-    staging.fill(SENTINEL)
-    free_its_memory(target)
-    churn = [np.full(4096, 99, np.int64) for _ in range(64)]
-    for request in requests:
-        request.add_new_token(40 + request.request_id)
-    try:
-        prepare_inputs([], requests, out=out)
-    except RuntimeError as error:
-        assert "input_ids" in str(error)
-        return
-    assert staging.view(np.int32)[:4].tolist() == [40, 41, 42, 43]
-    assert not (churn[0] - 99).any()
+    if bind_with_a_change_at(k, lambda: give_own_memory(target), lambda: out.writer(backend)):
+        for request in requests:
+            request.add_new_token(40 + request.request_id)
+        next_call_writes_what_it_was_bound_to(
+            target, staging, lambda: prepare_inputs([], requests, out=out), "input_ids",
+            lambda: staging.view(np.int32)[:4].tolist() == [40, 41, 42, 43])
 
 
 @pytest.mark.parametrize("k", range(1, 81))
@@ -98,20 +106,12 @@ def test_a_bound_metadata_view_given_its_own_memory_while_the_metadata_binds(bac
                                            [np.zeros(seqs + 1, np.int32)], [np.zeros(seqs, np.int32)])
     out = HostBuffers.from_arrays(metadata=metadata, **owned_arrays())
     requests = decoding(backend)
-    if not bind_with_a_change_at(k, lambda: give_own_memory(kv_lens), lambda: metadata.bound(backend)):
-        return
-    staging.fill(SENTINEL)
-    free_its_memory(kv_lens)
-    churn = [np.full(4096, 99, np.int32) for _ in range(64)]
-    for request in requests:
-        request.add_new_token(40)
-    try:
-        prepare_inputs([], requests, block_size=16, out=out)
-    except RuntimeError as error:
-        assert "kv_lens" in str(error)
-        return
-    assert staging[:4].tolist() == [4, 4, 4, 4]
-    assert not (churn[0] - 99).any()
+    if bind_with_a_change_at(k, lambda: give_own_memory(kv_lens), lambda: metadata.bound(backend)):
+        for request in requests:
+            request.add_new_token(40)
+        next_call_writes_what_it_was_bound_to(kv_lens, staging,
+                                              lambda: prepare_inputs([], requests, block_size=16, out=out),
+                                              "kv_lens", lambda: staging[:4].tolist() == [4, 4, 4, 4])
 
 
 def test_an_owner_behind_as_strided_given_new_memory_is_refused(backend):
