@@ -85,3 +85,15 @@ class RefusesIteration:
 
     def __iter__(self):
         raise TypeError("this batch is not ready")
+
+
+class IndexRuns:
+    """An integer argument (a batch size, ``max_draft_len``) whose conversion
+    (``__index__``) first runs ``action``: caller code in the middle of a call."""
+
+    def __init__(self, value, action):
+        self.value, self.action = value, action
+
+    def __index__(self):
+        self.action()
+        return self.value

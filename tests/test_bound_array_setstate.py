@@ -20,6 +20,7 @@ import weakref
 
 import numpy as np
 import pytest
+from hostile_code import IndexRuns
 from test_collector_reach import at_every_collection
 
 from tokcy import RequestState
@@ -156,17 +157,6 @@ def test_a_view_of_the_buffer_that_is_not_bound_changes_nothing(backend):
     assert prepare_inputs([], decoding(backend), out=out).input_ids.tolist() == [30, 31, 32, 33]
 
 
-class RunsOnIndex:
-    """A ``max_draft_len`` of 2 whose ``__index__`` calls ``change()`` first."""
-
-    def __init__(self, change):
-        self.change = change
-
-    def __index__(self):
-        self.change()
-        return 2
-
-
 class Dropped:
     """An object a weak reference's callback watches."""
 
@@ -210,7 +200,7 @@ def test_new_memory_given_by_code_the_call_runs_is_refused(backend, how, owner):
 
     if how == "__index__":
         started.append(True)
-        call = lambda: prepare_inputs([], requests, max_draft_len=RunsOnIndex(give_once), out=out)
+        call = lambda: prepare_inputs([], requests, max_draft_len=IndexRuns(2, give_once), out=out)
     else:
         call = lambda: prepare_inputs([], generation(), out=out)
     if how == "collection":

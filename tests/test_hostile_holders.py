@@ -13,23 +13,12 @@ value.
 import gc
 
 import pytest
-from hostile_code import at_next_collection, decode_requests
+from hostile_code import IndexRuns, at_next_collection, decode_requests
 
 from tokcy import RequestState
 from tokcy.connector import SchedulerOutputManager
 from tokcy.executor import HostBuffers, prepare_inputs
 from tokcy.executor._metadata import MetadataBuffers
-
-
-class Converts:
-    """A CUDA-graph batch size of 4 whose conversion runs ``action``."""
-
-    def __init__(self, action):
-        self.action = action
-
-    def __index__(self):
-        self.action()
-        return 4
 
 
 @pytest.mark.parametrize("given, change, request_ids, input_ids", [
@@ -49,7 +38,7 @@ def test_a_list_of_requests_is_read_after_the_conversions_that_can_change_it(bac
         request.add_new_token(3 + number)
     batch = requests[:given]
     where = {"out": HostBuffers(16, 8)} if holder == "out" else {"block_size": 16}
-    convert = Converts(lambda: change(batch, requests))
+    convert = IndexRuns(4, lambda: change(batch, requests))
     if request_ids is None:
         with pytest.raises(ValueError, match="request 0 is given twice in the batch"):
             prepare_inputs([], batch, cuda_graph_batch_sizes=[convert], **where)

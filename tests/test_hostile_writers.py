@@ -18,7 +18,7 @@ from array import array
 
 import numpy as np
 import pytest
-from hostile_code import at_next_collection, decode_requests
+from hostile_code import IndexRuns, at_next_collection, decode_requests
 
 from tokcy import RequestState
 from tokcy.executor import HostBuffers, prepare_inputs
@@ -217,17 +217,6 @@ def test_a_call_from_code_that_bind_runs_is_refused(backend):
         "this InputWriter is in use by another call"}, refused
 
 
-class CallsOtherWriter:
-    """A CUDA-graph batch size whose conversion runs another writer on the shared metadata."""
-
-    def __init__(self, value, call):
-        self.value, self.call = value, call
-
-    def __index__(self):
-        self.call()
-        return self.value
-
-
 def test_writers_sharing_metadata_outputs_are_refused_while_one_runs(backend):
     """Two HostBuffers over one MetadataBuffers: while one writer's call runs, the other's
     is refused (RuntimeError), so no call re-plans what another is writing."""
@@ -242,7 +231,7 @@ def test_writers_sharing_metadata_outputs_are_refused_while_one_runs(backend):
         except RuntimeError as error:
             errors.append(str(error))
 
-    padded_to = CallsOtherWriter(8, other_writer)
+    padded_to = IndexRuns(8, other_writer)
     result = prepare_inputs([], requests, out=first, block_size=16, cuda_graph_batch_sizes=[padded_to])
     assert errors == ["these attention-metadata outputs are in use by another call (a writer that shares them)"]
     assert result.kv_lens[:4].tolist() == [3] * 4

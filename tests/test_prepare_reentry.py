@@ -15,6 +15,7 @@ import operator
 import sys
 
 import pytest
+from hostile_code import IndexRuns
 from test_collector_reach import at_every_collection
 
 from tokcy import RequestState
@@ -171,17 +172,6 @@ def test_a_collection_cannot_prepare_into_a_holder_sharing_the_metadata_a_call_i
     refused_from_the_guard_on(reentry.outcomes, METADATA_BUSY)
 
 
-class Converted:
-    """A CUDA-graph batch size whose conversion (``__index__``) first runs ``reentry``."""
-
-    def __init__(self, value, reentry):
-        self.value, self.reentry = value, reentry
-
-    def __index__(self):
-        self.reentry()
-        return self.value
-
-
 @pytest.mark.parametrize("hook", ["generator", "batch size"])
 def test_a_call_from_the_batch_cannot_prepare_into_the_same_holder(backend, hook):
     """A generator group, or a batch size's ``__index__``, that calls prepare_inputs on
@@ -196,7 +186,7 @@ def test_a_call_from_the_batch_cannot_prepare_into_the_same_holder(backend, hook
         reentry()
         yield from generations
 
-    group, sizes = (generation_group(), None) if hook == "generator" else (generations, [Converted(8, reentry)])
+    group, sizes = (generation_group(), None) if hook == "generator" else (generations, [IndexRuns(8, reentry)])
     inputs = prepare_inputs(context, group, max_draft_len=2, cuda_graph_batch_sizes=sizes, out=holder, block_size=4)
     assert reentry.outcomes == [WRITER_BUSY]
     assert snapshot(inputs) == snapshot(prepare_inputs(context, generations, max_draft_len=2, out=buffers(),
